@@ -1,0 +1,122 @@
+"""Projector: episodes → the view, idempotently.
+
+Point ids are UUIDv5 of (kind, user, record id): a redelivery or a replay
+writes the same points again and the view is unchanged. The user is part of
+the name so two tenants that reuse an episode id never share a point.
+A retraction is terminal: a later (redelivered or reordered) EpisodeRecorded
+of a retracted episode never brings its text back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from processors.embedders import Embedder
+from processors.view import VectorStore, ViewPoint
+from schemas import EpisodeRecorded, EpisodeRetracted, Event
+
+POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
+EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
+
+
+def point_id(kind: str, user_id: str, record_id: str) -> str:
+    return str(uuid.uuid5(POINTS, f"{kind}:{user_id}:{record_id}"))
+
+
+def episode_point(event: EpisodeRecorded | EpisodeRetracted) -> str:
+    return point_id("episode", event.user_id, event.episode_id)
+
+
+@dataclass
+class Plan:
+    upserts: list[EpisodeRecorded] = field(default_factory=list)
+    retractions: list[EpisodeRetracted] = field(default_factory=list)
+
+
+def plan_episodes(events: Sequence[Event], retracted: set[str]) -> Plan:
+    """What a batch does to the view, given the point ids already retracted there.
+
+    The last EpisodeRecorded of a point wins; a retraction anywhere in the batch
+    (or already in the view) suppresses every upsert of that point.
+    """
+    recorded: dict[str, EpisodeRecorded] = {}
+    retractions: dict[str, EpisodeRetracted] = {}
+    for event in events:
+        pid = episode_point(event)
+        if isinstance(event, EpisodeRetracted):
+            retractions.setdefault(pid, event)
+        elif isinstance(event, EpisodeRecorded):
+            recorded[pid] = event
+    gone = retracted | retractions.keys()
+    return Plan(
+        upserts=[e for pid, e in recorded.items() if pid not in gone],
+        retractions=[e for pid, e in retractions.items() if pid not in retracted],
+    )
+
+
+def episode_payload(event: EpisodeRecorded) -> dict:
+    payload = {
+        "user_id": event.user_id,
+        "kind": "episode",
+        "episode_id": event.episode_id,
+        "text": event.text,
+        "importance": event.importance,
+        "occurred_at": event.occurred_at,
+        "recorded_at": event.recorded_at,
+        "status": "recorded",
+        "depth": 0,
+    }
+    if event.source is not None:
+        payload["source"] = event.source
+    if event.metadata is not None:
+        payload["metadata"] = event.metadata
+    return payload
+
+
+def retraction_payload(event: EpisodeRetracted) -> dict:
+    return {
+        "user_id": event.user_id,
+        "kind": "episode",
+        "episode_id": event.episode_id,
+        "status": "retracted",
+        "retraction_reason": event.reason,
+        "retracted_at": event.occurred_at,
+        "depth": 0,
+    }
+
+
+@dataclass
+class Projected:
+    upserted: int = 0
+    retracted: int = 0
+
+
+class EpisodeProjector:
+    """Applies batches of validated episode events to the view (the I/O shell)."""
+
+    def __init__(self, view: VectorStore, embedder: Embedder) -> None:
+        self.view = view
+        self.embedder = embedder
+
+    def apply(self, events: Sequence[Event]) -> Projected:
+        if not events:
+            return Projected()
+        known = self.view.get(list({episode_point(e) for e in events}))
+        retracted = {pid for pid, p in known.items() if p.get("status") == "retracted"}
+        plan = plan_episodes(events, retracted)
+        if plan.upserts:
+            vectors = self.embedder.embed([e.text for e in plan.upserts])
+            self.view.upsert([ViewPoint(episode_point(e), vec, episode_payload(e))
+                              for e, vec in zip(plan.upserts, vectors)])
+        # A retraction of an episode the view never saw leaves a tombstone, so
+        # the EpisodeRecorded that may still arrive cannot resurrect it.
+        present = [e for e in plan.retractions if episode_point(e) in known]
+        absent = [e for e in plan.retractions if episode_point(e) not in known]
+        self.view.upsert([ViewPoint(episode_point(e), None, retraction_payload(e)) for e in absent])
+        for event in present:
+            self.view.strip([episode_point(event)], retraction_payload(event), drop=["text"])
+        self.view.flush()  # before Faust may commit these offsets
+        return Projected(len(plan.upserts), len(plan.retractions))
+

@@ -1,0 +1,149 @@
+"""The Faust application: topics, agents and the worker's HTTP routes.
+
+Agents are thin: decode at the edge (bad input → dead-letter topic with the
+reason), then hand validated records to a processor's pure core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import faust
+from faust.web import Request, Response, View
+
+from processors.dlq import dead_letter_headers
+from processors.embedders import Embedder, make_embedder
+from processors.projector import EPISODE_TYPES, EpisodeProjector, point_id
+from processors.view import VectorStore, open_view
+from schemas import ContractError, decode
+from streams.settings import Settings
+
+log = logging.getLogger("reflect")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    app: faust.App
+    view: VectorStore
+    embedder: Embedder
+
+
+def faust_app(settings: Settings) -> faust.App:
+    return faust.App(
+        settings.app_id,
+        broker=settings.broker,
+        autodiscover=False,
+        store="memory://",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        # Exactly-once fails on Tansu (InitProducerId): at-least-once, and
+        # every effect is idempotent.
+        processing_guarantee="at_least_once",
+        # Tansu misreports a partition's end offset when the last batch holds
+        # more than one record, and changelog recovery then skips the tail;
+        # one record per batch keeps recovery exact.
+        producer_max_batch_size=1,
+        # Tansu holds the first JoinGroup for half the session timeout.
+        broker_session_timeout=settings.session_timeout,
+        broker_heartbeat_interval=settings.session_timeout / 6,
+        consumer_auto_offset_reset="earliest",
+        web_host="127.0.0.1",
+        web_port=settings.web_port,
+        web_in_thread=False,
+    )
+
+
+def create_app(settings: Settings) -> Runtime:
+    app = faust_app(settings)
+    embedder = make_embedder(settings.embedder)
+    view = open_view(settings, embedder.dim)
+    runtime = Runtime(settings, app, view, embedder)
+    projector = EpisodeProjector(view, embedder)
+
+    episodes = app.topic(settings.topic_episodes, value_serializer="raw", key_serializer="raw",
+                         partitions=settings.partitions)
+    episodes_dlq = app.topic(settings.dlq_episodes, value_serializer="raw", key_serializer="raw",
+                             partitions=settings.partitions)
+
+    async def dead_letter(message, error: Exception, stage: str) -> None:
+        log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition,
+                    message.offset, stage, error)
+        await episodes_dlq.send(key=message.key, value=message.value, headers=dead_letter_headers(
+            message.topic, message.partition, message.offset, error, stage))
+
+    @app.agent(episodes, name="projector")
+    async def project(stream):
+        async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
+            admitted = []
+            for event in batch:
+                try:
+                    record = decode(event.message.value)
+                    if not isinstance(record, EPISODE_TYPES):
+                        raise ContractError("type", f"{record.TYPE} does not belong on {event.message.topic}")
+                except ContractError as error:
+                    await dead_letter(event.message, error, "decode")
+                    continue
+                admitted.append((record, event.message))
+            await apply_or_dead_letter(projector.apply, admitted, dead_letter)
+
+    @app.on_before_shutdown.connect
+    async def close_view(app, **kwargs) -> None:
+        view.close()
+
+    _routes(runtime)
+    return runtime
+
+
+async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) -> None:
+    """Apply a batch; never let one failure lose events or kill the agent.
+
+    A crashed Faust agent is restarted in-process with its offsets moved past
+    the batch it was handling (seen here: the batch never reached the view),
+    so failures stay inside this function: retry with backoff, then apply one
+    by one and dead-letter only what still fails alone (stage "project"),
+    keeping its original bytes for a replay.
+    """
+    records = [record for record, _ in admitted]
+    for attempt in range(attempts):
+        try:
+            apply(records)
+            return
+        except Exception:
+            log.exception("applying %d events failed (attempt %d/%d)", len(records), attempt + 1, attempts)
+            await asyncio.sleep(0.1 * 2**attempt)
+    for record, message in admitted:
+        try:
+            apply([record])
+        except Exception as error:
+            await dead_letter(message, error, "project")
+
+
+def _routes(runtime: Runtime) -> None:
+    app, view = runtime.app, runtime.view
+
+    @app.page("/healthz")
+    class Health(View):
+        async def get(self, request: Request) -> Response:
+            return self.json({"status": "ok"})
+
+    @app.page("/v1/users/{user_id}/stats")
+    class Stats(View):
+        async def get(self, request: Request, user_id: str) -> Response:
+            return self.json({
+                "user_id": user_id,
+                "episodes": view.count(user_id, kind="episode", status="recorded"),
+                "retracted": view.count(user_id, kind="episode", status="retracted"),
+                "reflections": view.count(user_id, kind="reflection"),
+            })
+
+    @app.page("/v1/users/{user_id}/episodes/{episode_id}")
+    class Episode(View):
+        async def get(self, request: Request, user_id: str, episode_id: str) -> Response:
+            pid = point_id("episode", user_id, episode_id)
+            payload = view.get([pid]).get(pid)
+            if payload is None or payload.get("user_id") != user_id:
+                return self.json({"error": {"code": "not_found", "message": "no such episode"}}, status=404)
+            return self.json(payload)

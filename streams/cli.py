@@ -1,0 +1,164 @@
+"""`reflect` — the command line.
+
+Every setting of streams/settings.py is a flag of every command (and a
+REFLECT_* variable); flags win over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from schemas import ContractError
+from streams.settings import SPECS, Settings, SettingsError
+
+
+def _settings_flags() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("settings (each also a REFLECT_* environment variable)")
+    for spec in SPECS:
+        group.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.name.upper(),
+                           help=f"{spec.doc} [{spec.env}, default {spec.default!r}]")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _settings_flags()
+    parser = argparse.ArgumentParser(
+        prog="reflect",
+        description="Reflect: episodes in Kafka become beliefs that cite their evidence.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    broker = commands.add_parser("broker", help="run an embedded Kafka-protocol broker (Tansu) in the foreground")
+    broker.add_argument("--port", type=int, default=9092, help="loopback port (default 9092; 0 picks a free one)")
+    broker.add_argument("--kind", choices=("tansu", "noida"), default="tansu",
+                        help="tansu (memory-only, default) or noida (noida-db, persistent; test extra)")
+
+    topics = commands.add_parser("topics", help="manage Reflect's topics")
+    topics_cmd = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    topics_cmd.add_parser("create", parents=[common],
+                          help="create every topic with the configured partitions (idempotent)")
+
+    send = commands.add_parser("send", parents=[common], help="publish an EpisodeRecorded")
+    send.add_argument("--user", required=True, help="user_id (the partition key)")
+    send.add_argument("--text", required=True)
+    send.add_argument("--importance", required=True, type=float, help="0..1")
+    send.add_argument("--episode-id", default=None, help="default: a new random id")
+    send.add_argument("--occurred-at", default=None, help="RFC 3339; default: now")
+    send.add_argument("--source", default=None)
+
+    retract = commands.add_parser("retract", parents=[common], help="publish an EpisodeRetracted")
+    retract.add_argument("--user", required=True)
+    retract.add_argument("--episode-id", required=True)
+    retract.add_argument("--reason", default="incorrect",
+                         help="incorrect, erasure, duplicate, superseded or other")
+
+    commands.add_parser("worker", parents=[common],
+                        help="run the stream worker (projector and its HTTP routes) in the foreground")
+    commands.add_parser("settings", parents=[common], help="print the resolved settings")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Settings:
+    return Settings.load(**{spec.name: getattr(args, spec.name, None) for spec in SPECS})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (SettingsError, ContractError) as exc:
+        print(f"reflect: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "broker":
+        return _broker(args)
+    settings = _load(args)
+    if args.command == "settings":
+        for spec in SPECS:
+            print(f"{spec.env:28} {getattr(settings, spec.name)!r}")
+        return 0
+    if args.command == "topics":
+        return _with_broker_errors(settings, _topics_create(settings))
+    if args.command == "send":
+        return _with_broker_errors(settings, _send(settings, args))
+    if args.command == "retract":
+        return _with_broker_errors(settings, _retract(settings, args))
+    if args.command == "worker":
+        return _worker(settings)
+    raise AssertionError(args.command)
+
+
+def _with_broker_errors(settings: Settings, coro) -> int:
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    try:
+        return asyncio.run(coro)
+    except (KafkaConnectionError, KafkaError, OSError) as exc:
+        print(f"reflect: error: broker {settings.broker} (REFLECT_BROKER): {exc}", file=sys.stderr)
+        return 1
+
+
+async def _topics_create(settings: Settings) -> int:
+    from streams.topics import ensure_topics
+
+    for name, outcome in (await ensure_topics(settings)).items():
+        print(f"{name}\t{outcome}\tpartitions={settings.partitions}")
+    return 0
+
+
+async def _send(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.producer import publish_episode
+
+    event = await publish_episode(settings, args.user, args.text, args.importance,
+                                  episode_id=args.episode_id, occurred_at=args.occurred_at,
+                                  source=args.source)
+    print(event.episode_id)
+    return 0
+
+
+async def _retract(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.producer import retract_episode
+
+    event = await retract_episode(settings, args.user, args.episode_id, args.reason)
+    print(event.event_id)
+    return 0
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from streams.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(kind=args.kind, port=args.port or None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run the finally below
+    with broker:
+        print(f"{broker.kind} broker ready: {broker.bootstrap}  (REFLECT_BROKER={broker.url})", flush=True)
+        print("Tansu keeps topics in memory only: they are gone when it stops." if broker.kind == "tansu"
+              else f"data in {broker.data_dir}", flush=True)
+        try:
+            broker.process.wait()
+        finally:
+            broker.stop()
+    return 0
+
+
+def _worker(settings: Settings) -> int:
+    import faust
+
+    from streams.app import create_app
+
+    if _with_broker_errors(settings, _topics_create(settings)) != 0:
+        return 1
+    runtime = create_app(settings)
+    worker = faust.Worker(runtime.app, loglevel="info")
+    worker.execute_from_commandline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

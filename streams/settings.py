@@ -1,0 +1,206 @@
+"""Every setting in one place: environment variable, CLI flag, default, check.
+
+`Settings.load(env, overrides)` reads ``REFLECT_*`` variables, applies CLI
+overrides on top, and fails with a message naming the setting (its variable
+and flag) when a value is wrong, so a misconfigured worker never starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError("must be ≥ 1")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _unit(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be within 0..1")
+    return value
+
+
+def _broker(raw: str) -> str:
+    # kafka://host:port[,host:port...]; a bare host:port gets the scheme.
+    url = raw if "://" in raw else f"kafka://{raw}"
+    scheme, _, hosts = url.partition("://")
+    if scheme != "kafka" or not all(re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", h) for h in hosts.split(",")):
+        raise ValueError("expected kafka://host:port[,host:port]")
+    return url
+
+
+def _topic(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", raw):
+        raise ValueError("a topic name is 1–200 of [A-Za-z0-9._-]")
+    return raw
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return raw
+
+    return parse
+
+
+def _optional_url(raw: str) -> str | None:
+    if raw == "":
+        return None
+    if not re.match(r"https?://", raw):
+        raise ValueError("expected http(s)://host:port")
+    return raw.rstrip("/")
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    env: str
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("broker", "REFLECT_BROKER", "kafka://127.0.0.1:9092", _broker,
+         "Kafka bootstrap servers (kafka://host:port[,host:port])."),
+    Spec("app_id", "REFLECT_APP_ID", "reflect", _topic,
+         "Faust application id: consumer group and prefix of its changelog topics."),
+    Spec("partitions", "REFLECT_PARTITIONS", "4", _positive_int,
+         "Partitions of every Reflect topic (all keyed by user_id)."),
+    Spec("replication_factor", "REFLECT_REPLICATION_FACTOR", "1", _positive_int,
+         "Replication factor used when creating topics."),
+    Spec("topic_episodes", "REFLECT_TOPIC_EPISODES", "episodes", _topic,
+         "Topic of EpisodeRecorded / EpisodeRetracted."),
+    Spec("topic_requests", "REFLECT_TOPIC_REQUESTS", "reflection-requests", _topic,
+         "Topic of ReflectionRequested."),
+    Spec("topic_reflections", "REFLECT_TOPIC_REFLECTIONS", "reflections", _topic,
+         "Topic of ReflectionCreated / Reinforced / Invalidated / CycleCompleted."),
+    Spec("data_dir", "REFLECT_DATA_DIR", ".reflect", str,
+         "Directory of the embedded view (Qdrant Edge shards) and local state."),
+    Spec("qdrant_url", "REFLECT_QDRANT_URL", "", _optional_url,
+         "Qdrant server URL; empty means the embedded Qdrant Edge view in data_dir."),
+    Spec("view", "REFLECT_VIEW", "reflect", _topic,
+         "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
+    Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm"),
+         "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 (sentence-transformers)."),
+    Spec("projector_batch", "REFLECT_PROJECTOR_BATCH", "256", _positive_int,
+         "Most episodes the projector embeds and upserts in one batch."),
+    Spec("projector_within", "REFLECT_PROJECTOR_WITHIN", "0.05", _positive_float,
+         "Seconds the projector waits to fill a batch before flushing what it has."),
+    Spec("session_timeout", "REFLECT_SESSION_TIMEOUT", "6.0", _positive_float,
+         "Consumer group session timeout in seconds (short: Tansu holds joins for half of it)."),
+    Spec("web_port", "REFLECT_WEB_PORT", "6066", _positive_int,
+         "Port of the worker's HTTP API."),
+    Spec("reasoner", "REFLECT_REASONER", "offline", _choice("offline", "anthropic"),
+         "Reasoner of the reflection loop."),
+    Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
+         "Summed importance since the last cycle that triggers a reflection."),
+    Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
+         "High-salience episodes a user needs in total before any cycle runs."),
+    Spec("salience_cut", "REFLECT_SALIENCE_CUT", "0.5", _unit,
+         "Importance at or above which an episode counts as high-salience."),
+    Spec("top_k", "REFLECT_TOP_K", "8", _positive_int,
+         "Evidence items retrieved per salient question."),
+    Spec("max_depth", "REFLECT_MAX_DEPTH", "2", _positive_int,
+         "Deepest reflection allowed (beliefs about beliefs)."),
+    Spec("citation_floor", "REFLECT_CITATION_FLOOR", "2", _positive_int,
+         "Fewest valid citations an insight needs to be kept."),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    broker: str
+    app_id: str
+    partitions: int
+    replication_factor: int
+    topic_episodes: str
+    topic_requests: str
+    topic_reflections: str
+    data_dir: str
+    qdrant_url: str | None
+    view: str
+    embedder: str
+    projector_batch: int
+    projector_within: float
+    session_timeout: float
+    web_port: int
+    reasoner: str
+    threshold: float
+    min_episodes: int
+    salience_cut: float
+    top_k: int
+    max_depth: int
+    citation_floor: int
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Environment first, then non-None overrides (CLI flags); every value checked."""
+        env = os.environ if env is None else env
+        values = {}
+        for spec in SPECS:
+            given = overrides.get(spec.name)
+            raw = str(given) if given is not None else env.get(spec.env, spec.default)
+            try:
+                values[spec.name] = spec.parse(raw.strip())
+            except ValueError as exc:
+                source = spec.flag if given is not None else spec.env
+                raise SettingsError(
+                    f"invalid setting {spec.name} ({source}={raw!r}): {exc}"
+                ) from None
+        return cls(**values)
+
+    @property
+    def bootstrap(self) -> str:
+        """host:port list for aiokafka."""
+        return self.broker.partition("://")[2]
+
+    @property
+    def dlq_episodes(self) -> str:
+        return f"{self.topic_episodes}.dlq"
+
+    @property
+    def dlq_reflections(self) -> str:
+        return f"{self.topic_reflections}.dlq"
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic Reflect produces to, created up front with `partitions`."""
+        return (
+            self.topic_episodes,
+            self.topic_requests,
+            self.topic_reflections,
+            self.dlq_episodes,
+            self.dlq_reflections,
+        )
+
+    @property
+    def view_dir(self) -> Path:
+        return Path(self.data_dir) / "view"
+
+
+assert [s.name for s in SPECS] == [f.name for f in fields(Settings)]

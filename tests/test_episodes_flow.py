@@ -1,0 +1,161 @@
+"""Episodes end to end: real broker, real `reflect worker`, real Qdrant Edge view."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from conftest import run, settings_env, wait_for
+from streams.producer import Publisher
+from streams.topics import TopicError, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+async def _publish_many(settings, episodes):
+    async with Publisher(settings) as p:
+        return [await p.publish_episode(user, text, imp, episode_id=eid, wait=False)
+                for user, eid, text, imp in episodes]
+
+
+async def _produce_raw(settings, values, key=b"mallory"):
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(settings.topic_episodes, value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def _read_all(settings, topic, expected, timeout=30.0):
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got = []
+    try:
+        import asyncio
+
+        async def drain():
+            async for message in consumer:
+                got.append(message)
+                if len(got) >= expected:
+                    return
+        await asyncio.wait_for(drain(), timeout)
+    finally:
+        await consumer.stop()
+    return got
+
+
+def test_topics_create_is_idempotent_with_configured_partitions(settings):
+    first = run(ensure_topics(settings))
+    again = run(ensure_topics(settings))
+    assert set(first.values()) == {"created"} and set(again.values()) == {"exists"}
+
+    async def partitions():
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        await admin.start()
+        try:
+            return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(list(settings.topics))}
+        finally:
+            await admin.close()
+    assert run(partitions()) == {t: settings.partitions for t in settings.topics}
+
+
+def test_existing_topic_with_other_partition_count_is_refused(settings):
+    from dataclasses import replace
+
+    run(ensure_topics(settings))
+    with pytest.raises(TopicError, match="REFLECT_PARTITIONS"):
+        run(ensure_topics(replace(settings, partitions=settings.partitions + 1)))
+
+
+def test_cli_send_reaches_the_view(settings, worker):
+    w = worker()
+    env = settings_env(settings)
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "send", "--user", "alice",
+                          "--text", "the deploy failed because the auth token expired",
+                          "--importance", "0.8", "--episode-id", "ep-1"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ep-1"
+    point = wait_for(lambda: (p := w.get("/v1/users/alice/episodes/ep-1")) and "text" in p and p,
+                     30, "ep-1 in the view")
+    assert point["text"] == "the deploy failed because the auth token expired"
+    assert point["importance"] == 0.8 and point["status"] == "recorded" and point["depth"] == 0
+    assert point["kind"] == "episode" and point["user_id"] == "alice"
+    # Scoped to its user: another user asking for the same id sees nothing.
+    assert w.get("/v1/users/bob/episodes/ep-1")["status"] == 404
+
+
+def test_many_users_projected_then_replayed_without_change(settings, worker):
+    run(ensure_topics(settings))
+    episodes = [(f"user-{i % 5}", f"ep-{i}", f"episode number {i} about topic {i % 7}", (i % 10) / 10)
+                for i in range(200)]
+    run(_publish_many(settings, episodes))
+    w = worker()
+    wait_for(lambda: sum(w.stats(f"user-{u}").get("episodes", 0) for u in range(5)) == 200,
+             60, "200 episodes in the view")
+    # The same events again (a producer retry, a replay): the view is unchanged.
+    run(_publish_many(settings, episodes[:100]))
+    run(_publish_many(settings, [("user-0", "marker", "last one", 0.1)]))
+    wait_for(lambda: w.get("/v1/users/user-0/episodes/marker").get("text") == "last one", 30, "marker")
+    assert [w.stats(f"user-{u}")["episodes"] for u in range(5)] == [40 + 1, 40, 40, 40, 40]
+
+
+def test_retraction_removes_text_and_vector_and_is_terminal(settings, worker):
+    run(ensure_topics(settings))
+    w = worker()
+
+    async def scenario():
+        async with Publisher(settings) as p:
+            await p.publish_episode("carol", "carol prefers logs before a retry", 0.6, episode_id="keep")
+            await p.publish_episode("carol", "carol said the office is in Paris", 0.6, episode_id="wrong")
+            await p.retract_episode("carol", "wrong", "incorrect")
+            # A redelivered EpisodeRecorded after the retraction must not resurrect it,
+            # and a retraction of an episode never seen leaves a tombstone.
+            await p.publish_episode("carol", "carol said the office is in Paris", 0.6, episode_id="wrong")
+            await p.retract_episode("carol", "never-seen", "erasure")
+            await p.publish_episode("carol", "text that must never appear", 0.5, episode_id="never-seen")
+            await p.publish_episode("carol", "marker", 0.1, episode_id="marker")
+    run(scenario())
+    wait_for(lambda: w.get("/v1/users/carol/episodes/marker").get("text") == "marker", 30, "marker")
+    for eid in ("wrong", "never-seen"):
+        point = w.get(f"/v1/users/carol/episodes/{eid}")
+        assert point["status"] == "retracted" and "text" not in point, point
+    assert w.get("/v1/users/carol/episodes/never-seen")["retraction_reason"] == "erasure"
+    assert w.stats("carol") == {"user_id": "carol", "episodes": 2, "retracted": 2, "reflections": 0}
+
+
+def test_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(settings, worker):
+    run(ensure_topics(settings))
+    w = worker()
+    good = {"type": "EpisodeRecorded", "schema_version": 1, "event_id": "g1", "user_id": "mallory",
+            "occurred_at": "2026-12-01T10:00:00Z", "recorded_at": "2026-12-01T10:00:00Z",
+            "episode_id": "fine", "text": "fine", "importance": 0.5}
+    bad = [
+        b'{"type": "EpisodeRecorded", "user_id": ',                    # truncated JSON
+        orjson.dumps({**good, "importance": 3}),                        # out of range
+        orjson.dumps({**good, "schema_version": 9}),                    # future version
+        orjson.dumps({**good, "type": "SomethingElse"}),                # unknown type
+        orjson.dumps(good).replace(b'"text":"fine"', b'"text":"\xff\xfe"'),  # non-UTF-8 text
+        orjson.dumps({**good, "type": "ReflectionRequested", "cycle_id": "c", "why": "manual"}),
+    ]
+    run(_produce_raw(settings, [*bad, orjson.dumps(good)]))
+    wait_for(lambda: w.get("/v1/users/mallory/episodes/fine").get("text") == "fine", 30, "the good event")
+    assert b"\xff" in bad[4]
+    letters = run(_read_all(settings, settings.dlq_episodes, len(bad)))
+    assert sorted(m.value for m in letters) == sorted(bad)  # original bytes, each exactly once
+    fields = sorted(dict(m.headers)["reflect.errors.field"].decode() for m in letters)
+    assert fields == sorted(["(payload)", "importance", "schema_version", "type", "text", "type"])
+    for m in letters:
+        headers = dict(m.headers)
+        assert headers["__connect.errors.topic"].decode() == settings.topic_episodes
+        assert int(headers["__connect.errors.offset"]) >= 0
+        assert headers["__connect.errors.exception.message"]
+    assert w.alive()

@@ -1,0 +1,86 @@
+"""The projector's pure core and its effect on a real view."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from processors.embedders import HashingEmbedder
+from processors.projector import EpisodeProjector, episode_point, plan_episodes, point_id
+from processors.view import EdgeView
+from schemas import EpisodeRecorded, EpisodeRetracted
+
+
+def rec(eid: str, text: str = "t", user: str = "u") -> EpisodeRecorded:
+    return EpisodeRecorded(user_id=user, episode_id=eid, text=text, importance=0.5)
+
+
+def ret(eid: str, user: str = "u") -> EpisodeRetracted:
+    return EpisodeRetracted(user_id=user, episode_id=eid)
+
+
+def test_point_ids_are_deterministic_and_scoped_by_user_and_kind():
+    assert point_id("episode", "u", "e1") == point_id("episode", "u", "e1")
+    assert len({point_id("episode", "u", "e1"), point_id("episode", "v", "e1"),
+                point_id("reflection", "u", "e1")}) == 3
+
+
+def test_last_record_wins_and_retraction_is_terminal_in_any_order():
+    plan = plan_episodes([rec("a", "old"), rec("a", "new"), rec("b"), ret("b")], retracted=set())
+    assert [(e.episode_id, e.text) for e in plan.upserts] == [("a", "new")]
+    assert [e.episode_id for e in plan.retractions] == ["b"]
+    plan = plan_episodes([ret("b"), rec("b")], retracted=set())
+    assert plan.upserts == [] and [e.episode_id for e in plan.retractions] == ["b"]
+
+
+def test_already_retracted_points_are_left_alone():
+    gone = {episode_point(ret("a"))}
+    plan = plan_episodes([rec("a"), ret("a"), rec("c")], retracted=gone)
+    assert [e.episode_id for e in plan.upserts] == ["c"] and plan.retractions == []
+
+
+events = st.lists(st.tuples(st.sampled_from(["rec", "ret"]), st.sampled_from("abcd"), st.sampled_from("uv")),
+                  max_size=30)
+
+
+def build(spec):
+    return [rec(e, f"{e}-{i}", u) if kind == "rec" else ret(e, u) for i, (kind, e, u) in enumerate(spec)]
+
+
+@given(events)
+def test_batching_does_not_change_the_final_view(spec):
+    """Applying a stream in one batch or one event at a time gives the same view."""
+    stream = build(spec)
+
+    def fold(batches):
+        view: dict[str, tuple[str, str | None]] = {}
+        for batch in batches:
+            retracted = {p for p, (status, _) in view.items() if status == "retracted"}
+            plan = plan_episodes(batch, retracted)
+            for e in plan.upserts:
+                view[episode_point(e)] = ("recorded", e.text)
+            for e in plan.retractions:
+                view[episode_point(e)] = ("retracted", None)
+        return view
+
+    assert fold([stream]) == fold([[e] for e in stream])
+    assert fold([stream]) == fold([stream, stream])  # redelivery of everything changes nothing
+
+
+@pytest.fixture
+def projector(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 384)
+    yield EpisodeProjector(view, HashingEmbedder())
+    view.close()
+
+
+def test_apply_projects_payload_and_retraction_leaves_a_tombstone(projector):
+    projector.apply([rec("a", "alpha"), rec("b", "beta"), ret("z")])
+    projector.apply([ret("a"), rec("z", "must not appear")])
+    view = projector.view
+    a, b, z = (view.get([episode_point(ret(e))])[episode_point(ret(e))] for e in "abz")
+    assert b == {"user_id": "u", "kind": "episode", "episode_id": "b", "text": "beta", "importance": 0.5,
+                 "occurred_at": b["occurred_at"], "recorded_at": b["recorded_at"], "status": "recorded",
+                 "depth": 0}
+    assert a["status"] == z["status"] == "retracted" and "text" not in a and "text" not in z
+    assert view.count("u", status="recorded") == 1
