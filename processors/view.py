@@ -65,6 +65,10 @@ class VectorStore(Protocol):
     def close(self) -> None: ...
 
 
+def _floats(vector: Sequence[float]) -> list[float]:
+    return vector.tolist() if hasattr(vector, "tolist") else [float(x) for x in vector]
+
+
 def _active_name(root: Path, view: str) -> str:
     """The physical name behind `view`, recorded in `<root>/<view>.json`."""
     pointer = root / f"{view}.json"
@@ -112,7 +116,7 @@ class EdgeView:
         if points:
             q = self._q
             self._shard.update(q.UpdateOperation.upsert_points([
-                q.Point(p.id, {VECTOR: list(map(float, p.vector))} if p.vector is not None else {}, p.payload)
+                q.Point(p.id, {VECTOR: _floats(p.vector)} if p.vector is not None else {}, p.payload)
                 for p in points
             ]))
 
@@ -135,7 +139,7 @@ class EdgeView:
     def search(self, user_id: str, vector: Sequence[float], k: int, **match: str) -> list[Hit]:
         q = self._q
         found = self._shard.query(q.QueryRequest(
-            limit=k, query=q.Query.Nearest(list(map(float, vector)), using=VECTOR),
+            limit=k, query=q.Query.Nearest(_floats(vector), using=VECTOR),
             filter=self._filter(user_id, match), with_payload=True,
             params=q.SearchParams(exact=True)))
         return [Hit(str(p.id), float(p.score), dict(p.payload)) for p in found]
@@ -200,7 +204,7 @@ class QdrantView:
         if points:
             self.client.upsert(self.view, [
                 self._m.PointStruct(id=p.id, payload=p.payload,
-                                    vector={VECTOR: list(map(float, p.vector))} if p.vector is not None else {})
+                                    vector={VECTOR: _floats(p.vector)} if p.vector is not None else {})
                 for p in points
             ])
 
@@ -222,7 +226,7 @@ class QdrantView:
 
     def search(self, user_id: str, vector: Sequence[float], k: int, **match: str) -> list[Hit]:
         found = self.client.query_points(
-            self.view, query=list(map(float, vector)), using=VECTOR, limit=k,
+            self.view, query=_floats(vector), using=VECTOR, limit=k,
             query_filter=self._filter(user_id, match), with_payload=True,
             search_params=self._m.SearchParams(exact=True)).points
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
