@@ -58,4 +58,8 @@ class HashingEmbedder:
 def make_embedder(name: str) -> Embedder:
     if name == "hashing":
         return HashingEmbedder()
+    if name == "minilm":
+        from processors.minilm import MiniLMEmbedder  # lazy: the optional `minilm` extra
+
+        return MiniLMEmbedder()
     raise ValueError(f"unknown embedder {name!r}")

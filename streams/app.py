@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from dataclasses import dataclass
 
 import faust
@@ -37,6 +38,7 @@ def faust_app(settings: Settings) -> faust.App:
         broker=settings.broker,
         autodiscover=False,
         store="memory://",
+        datadir=str(Path(settings.data_dir) / "faust"),
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         # Exactly-once fails on Tansu (InitProducerId): at-least-once, and

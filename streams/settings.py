@@ -106,7 +106,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("view", "REFLECT_VIEW", "reflect", _topic,
          "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
     Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm"),
-         "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 (sentence-transformers)."),
+         "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 int8 ONNX (the minilm extra)."),
     Spec("projector_batch", "REFLECT_PROJECTOR_BATCH", "256", _positive_int,
          "Most episodes the projector embeds and upserts in one batch."),
     Spec("projector_within", "REFLECT_PROJECTOR_WITHIN", "0.05", _positive_float,
