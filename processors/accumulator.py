@@ -1,0 +1,91 @@
+"""Accumulator: the per-user trigger of the reflection loop (step 1), pure.
+
+A cycle fires when the importance summed since the last cycle reaches the
+threshold *and* the user has enough high-salience history; after it fires the
+pending sum resets unconditionally — even if the cycle then fails — so a
+failing reasoner cannot be asked again on every episode.
+
+The recent window (the 100 newest records, episodes and reflections) lives in
+this state so step 2 never reads the user's whole store. It also makes
+redelivery harmless: an episode already in the window is not counted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated, ReflectionRequested
+
+WINDOW = 100
+
+
+@dataclass(frozen=True)
+class Trigger:
+    threshold: float = 15.0
+    min_episodes: int = 50
+    salience_cut: float = 0.5
+
+    @classmethod
+    def from_settings(cls, settings) -> "Trigger":
+        return cls(settings.threshold, settings.min_episodes, settings.salience_cut)
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    pending: float = 0.0
+    episodes: int = 0
+    high_salience: int = 0
+    cycles: int = 0
+    last_cycle_at: str | None = None
+    recent: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "recent": list(self.recent)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
+        if not data:
+            return cls()
+        return cls(**{**data, "recent": tuple(data.get("recent", ()))})
+
+    def holds(self, record_id: str) -> bool:
+        return any(r["id"] == record_id for r in self.recent)
+
+
+def _remember(acc: Accumulator, record: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    return (*acc.recent, record)[-WINDOW:]
+
+
+def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator, ReflectionRequested | None]:
+    """Fold one event into the user's accumulator; maybe ask for a cycle."""
+    if isinstance(event, EpisodeRetracted):
+        return replace(acc, recent=tuple(r for r in acc.recent if r["id"] != event.episode_id)), None
+    if isinstance(event, ReflectionCreated):
+        if acc.holds(event.reflection_id):
+            return acc, None
+        record = {"id": event.reflection_id, "kind": "reflection", "text": event.text,
+                  "importance": event.importance, "occurred_at": event.occurred_at, "depth": event.depth}
+        return replace(acc, recent=_remember(acc, record)), None
+    if not isinstance(event, EpisodeRecorded) or acc.holds(event.episode_id):
+        return acc, None
+    record = {"id": event.episode_id, "kind": "episode", "text": event.text,
+              "importance": event.importance, "occurred_at": event.occurred_at, "depth": 0}
+    acc = replace(acc, pending=acc.pending + event.importance, episodes=acc.episodes + 1,
+                  high_salience=acc.high_salience + (event.importance >= trigger.salience_cut),
+                  recent=_remember(acc, record))
+    if acc.pending < trigger.threshold or acc.high_salience < trigger.min_episodes:
+        return acc, None
+    return fire(acc, event.user_id, "threshold", event.recorded_at)
+
+
+def fire(acc: Accumulator, user_id: str, why: str, at: str) -> tuple[Accumulator, ReflectionRequested]:
+    """Emit a request and reset the pending sum, whatever the cycle will do."""
+    cycles = acc.cycles + 1
+    request = ReflectionRequested(
+        # Deterministic ids: a replayed episode stream asks for the same cycles.
+        event_id=f"request:{user_id}:{cycles}", cycle_id=f"{user_id}:{cycles}",
+        user_id=user_id, why=why, pending_importance=round(acc.pending, 6),
+        occurred_at=at,
+    )
+    return replace(acc, pending=0.0, cycles=cycles, last_cycle_at=at), request

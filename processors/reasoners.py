@@ -1,0 +1,99 @@
+"""Reasoner port (steps 2 and 4 of the loop) and the offline deterministic reasoner.
+
+A reasoner sees statements as numbered data and answers with questions, or
+with insights that cite statement numbers; `reflection.judge` then decides
+what survives. The offline reasoner needs no network and no key: it finds
+terms shared by several statements and states them as a recurring theme,
+citing exactly the statements that contain the term — it cannot cite what it
+was not shown, and it never follows text inside a statement.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from processors.reflection import Insight
+
+
+@dataclass(frozen=True)
+class Usage:
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(self.calls + other.calls, self.input_tokens + other.input_tokens,
+                     self.output_tokens + other.output_tokens, self.cached_tokens + other.cached_tokens)
+
+
+class Reasoner(Protocol):
+    name: str
+    prompt_version: str
+
+    def questions(self, statements: Sequence[str], n: int = 3) -> tuple[list[str], Usage]: ...
+
+    def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]: ...
+
+
+_WORD = re.compile(r"[a-z][a-z0-9_-]{3,}")
+_STOP = frozenset("""
+about after again also always another because been before being between both could does doing
+done during each every from further have having here into itself just like made make many more
+most much must never only other over same should some such than that their them then there
+these they this those through under until very want wants wanted were what when where which
+while will with would your user users agent episode said says asked asks today yesterday
+""".split())
+
+
+def _terms(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def _shared_terms(statements: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """Terms found in ≥ 2 statements, most widespread first: (term, 1-based numbers)."""
+    where: dict[str, list[int]] = {}
+    for number, text in enumerate(statements, start=1):
+        for term in _terms(text):
+            where.setdefault(term, []).append(number)
+    shared = [(t, ns) for t, ns in where.items() if len(ns) >= 2]
+    shared.sort(key=lambda item: (-len(item[1]), item[0]))
+    return shared
+
+
+class OfflineReasoner:
+    name = "offline"
+    prompt_version = "offline-v1"
+
+    def questions(self, statements: Sequence[str], n: int = 3) -> tuple[list[str], Usage]:
+        counts = Counter(t for text in statements for t in _terms(text))
+        top = [t for t, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= 2][:n]
+        return [f"What recurs in the user's records about {t}?" for t in top], Usage()
+
+    def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]:
+        asked = _terms(question)
+        shared = _shared_terms(statements)
+        shared.sort(key=lambda item: item[0] not in asked)  # the asked-about term first (stable)
+        out: list[Insight] = []
+        seen: set[tuple[int, ...]] = set()
+        for term, numbers in shared:
+            cited = tuple(numbers[:8])
+            if cited in seen:
+                continue
+            seen.add(cited)
+            companions = Counter(t for i in cited for t in _terms(statements[i - 1]) if t != term)
+            also = [t for t, c in companions.most_common(3) if c >= 2]
+            tail = f", together with {', '.join(also)}" if also else ""
+            out.append(Insight(f"Recurring theme in {len(cited)} records: {term}{tail}.", cited))
+            if len(out) == n:
+                break
+        return out, Usage()
+
+
+def make_reasoner(name: str) -> Reasoner:
+    if name == "offline":
+        return OfflineReasoner()
+    raise ValueError(f"reasoner {name!r} is not available in this build (REFLECT_REASONER)")
