@@ -15,10 +15,11 @@ from typing import Sequence
 
 from processors.embedders import Embedder
 from processors.view import VectorStore, ViewPoint
-from schemas import EpisodeRecorded, EpisodeRetracted, Event
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated, ReflectionReinforced
 
 POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
 EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
+REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced)
 
 
 def point_id(kind: str, user_id: str, record_id: str) -> str:
@@ -121,3 +122,48 @@ class EpisodeProjector:
         # which survived SIGKILL here; flushing every batch halved throughput.
         return Projected(len(plan.upserts), len(plan.retractions))
 
+
+
+def reflection_payload(event: ReflectionCreated) -> dict:
+    return {
+        "user_id": event.user_id,
+        "kind": "reflection",
+        "reflection_id": event.reflection_id,
+        "cycle_id": event.cycle_id,
+        "text": event.text,
+        "evidence_ids": list(event.evidence_ids),
+        "depth": event.depth,
+        "importance": event.importance,
+        "confidence": event.confidence,
+        "question": event.question,
+        "reasoner": event.reasoner,
+        "prompt_version": event.prompt_version,
+        "status": "live",
+        "occurred_at": event.occurred_at,
+        "recorded_at": event.recorded_at,
+        "created_at": event.recorded_at,
+    }
+
+
+class ReflectionProjector:
+    """ReflectionCreated → a point (kind=reflection); ReflectionReinforced → merged evidence."""
+
+    def __init__(self, view: VectorStore, embedder: Embedder) -> None:
+        self.view = view
+        self.embedder = embedder
+
+    def apply(self, events: Sequence[Event]) -> int:
+        created = {point_id("reflection", e.user_id, e.reflection_id): e
+                   for e in events if isinstance(e, ReflectionCreated)}
+        known = self.view.get(list(created))
+        fresh = {pid: e for pid, e in created.items() if pid not in known}  # replay: leave status as is
+        if fresh:
+            vectors = self.embedder.embed([e.text for e in fresh.values()])
+            self.view.upsert([ViewPoint(pid, vec, reflection_payload(e))
+                              for (pid, e), vec in zip(fresh.items(), vectors)])
+        for e in events:
+            if isinstance(e, ReflectionReinforced):
+                self.view.patch([point_id("reflection", e.user_id, e.reflection_id)],
+                                {"evidence_ids": list(e.evidence_ids), "confidence": e.confidence,
+                                 "reinforced_at": e.recorded_at})
+        return len(events)

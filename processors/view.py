@@ -52,6 +52,9 @@ class VectorStore(Protocol):
     def strip(self, ids: Sequence[str], payload: dict[str, Any], drop: Sequence[str]) -> None:
         """Remove the vectors of `ids`, set `payload` keys, delete `drop` keys."""
 
+    def patch(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        """Set `payload` keys on `ids`, leaving vectors and other keys as they are."""
+
     def get(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
     def count(self, user_id: str, **match: str) -> int: ...
@@ -127,6 +130,10 @@ class EdgeView:
             self._shard.update(op.set_payload(ids, payload))
             if drop:
                 self._shard.update(op.delete_payload(ids, list(drop)))
+
+    def patch(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        if ids:
+            self._shard.update(self._q.UpdateOperation.set_payload(list(ids), payload))
 
     def get(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not ids:
@@ -215,6 +222,10 @@ class QdrantView:
             self.client.set_payload(self.view, payload=payload, points=ids)
             if drop:
                 self.client.delete_payload(self.view, keys=list(drop), points=ids)
+
+    def patch(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        if ids:
+            self.client.set_payload(self.view, payload=payload, points=list(ids))
 
     def get(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not ids:

@@ -16,9 +16,13 @@ from faust.web import Request, Response, View
 
 from processors.dlq import dead_letter_headers
 from processors.embedders import Embedder, make_embedder
-from processors.projector import EPISODE_TYPES, EpisodeProjector, point_id
+from processors.accumulator import Accumulator, Trigger, admit
+from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
+                                  point_id)
+from processors.reasoners import make_reasoner
+from processors.reflector import CycleConfig, run_cycle
 from processors.view import VectorStore, open_view
-from schemas import ContractError, decode
+from schemas import ContractError, ReflectionRequested, decode
 from streams.settings import Settings
 
 log = logging.getLogger("reflect")
@@ -65,31 +69,81 @@ def create_app(settings: Settings) -> Runtime:
     runtime = Runtime(settings, app, view, embedder)
     projector = EpisodeProjector(view, embedder)
 
-    episodes = app.topic(settings.topic_episodes, value_serializer="raw", key_serializer="raw",
-                         partitions=settings.partitions)
-    episodes_dlq = app.topic(settings.dlq_episodes, value_serializer="raw", key_serializer="raw",
-                             partitions=settings.partitions)
+    def raw_topic(*names: str):
+        return app.topic(*names, value_serializer="raw", key_serializer="raw", partitions=settings.partitions)
+
+    episodes, reflections = raw_topic(settings.topic_episodes), raw_topic(settings.topic_reflections)
+    requests = raw_topic(settings.topic_requests)
+    dlq = {settings.topic_episodes: raw_topic(settings.dlq_episodes),
+           settings.topic_reflections: raw_topic(settings.dlq_reflections),
+           settings.topic_requests: raw_topic(settings.dlq_reflections)}
+    accumulators = app.Table("accumulators", default=dict, partitions=settings.partitions,
+                             key_type=str, value_type=dict)
+    trigger, cycle_config = Trigger.from_settings(settings), CycleConfig.from_settings(settings)
+    reasoner = make_reasoner(settings.reasoner)
+    reflection_projector = ReflectionProjector(view, embedder)
 
     async def dead_letter(message, error: Exception, stage: str) -> None:
         log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition,
                     message.offset, stage, error)
-        await episodes_dlq.send(key=message.key, value=message.value, headers=dead_letter_headers(
+        await dlq[message.topic].send(key=message.key, value=message.value, headers=dead_letter_headers(
             message.topic, message.partition, message.offset, error, stage))
+
+    async def admitted(batch, types):
+        """Decoded records of the expected types; the rest dead-lettered."""
+        out = []
+        for event in batch:
+            try:
+                record = decode(event.message.value)
+                if not isinstance(record, types):
+                    raise ContractError("type", f"{record.TYPE} does not belong on {event.message.topic}")
+            except ContractError as error:
+                await dead_letter(event.message, error, "decode")
+                continue
+            out.append((record, event.message))
+        return out
 
     @app.agent(episodes, name="projector")
     async def project(stream):
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
-            admitted = []
-            for event in batch:
-                try:
-                    record = decode(event.message.value)
-                    if not isinstance(record, EPISODE_TYPES):
-                        raise ContractError("type", f"{record.TYPE} does not belong on {event.message.topic}")
-                except ContractError as error:
-                    await dead_letter(event.message, error, "decode")
-                    continue
-                admitted.append((record, event.message))
-            await apply_or_dead_letter(projector.apply, admitted, dead_letter)
+            await apply_or_dead_letter(projector.apply, await admitted(batch, EPISODE_TYPES), dead_letter)
+
+    @app.agent(reflections, name="reflection-projector")
+    async def project_reflections(stream):
+        async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
+            records = [(r, m) for r, m in await admitted(batch, tuple(schemas_on_reflections()))
+                       if isinstance(r, REFLECTION_TYPES)]
+            await apply_or_dead_letter(reflection_projector.apply, records, dead_letter)
+
+    @app.agent(raw_topic(settings.topic_episodes, settings.topic_reflections), name="accumulator")
+    async def accumulate(stream):
+        # Dead letters are the projectors' job; here a bad event is only skipped.
+        async for value in stream:
+            try:
+                record = decode(value)
+            except ContractError:
+                continue
+            acc, request = admit(Accumulator.from_dict(accumulators[record.user_id]), record, trigger)
+            accumulators[record.user_id] = acc.to_dict()  # written back: Faust tracks assignment only
+            if request is not None:
+                await requests.send(key=record.user_id.encode(), value=request.encode())
+
+    async def projected(user_id: str, window, timeout: float = 10.0) -> None:
+        """Wait (bounded) until the window's records are in the view: the projector
+        is another agent, and the evidence search must see what triggered the cycle."""
+        ids = [point_id(r["kind"], user_id, r["id"]) for r in window]
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(view.get(ids)) < len(ids) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+
+    @app.agent(requests, name="reflector")
+    async def reflect(stream):
+        async for event in stream.events():
+            for request, _ in await admitted([event], (ReflectionRequested,)):
+                window = Accumulator.from_dict(accumulators[request.user_id]).recent
+                await projected(request.user_id, window)
+                for out in run_cycle(request, window, view, embedder, reasoner, cycle_config):
+                    await reflections.send(key=out.user_id.encode(), value=out.encode())
 
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:
@@ -97,6 +151,13 @@ def create_app(settings: Settings) -> Runtime:
 
     _routes(runtime)
     return runtime
+
+
+def schemas_on_reflections():
+    from schemas import RECORDS
+
+    return [RECORDS[t] for t in ("ReflectionCreated", "ReflectionReinforced", "ReflectionInvalidated",
+                                 "ReflectionCycleCompleted")]
 
 
 async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) -> None:

@@ -159,3 +159,44 @@ def test_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(settings, worker):
         assert int(headers["__connect.errors.offset"]) >= 0
         assert headers["__connect.errors.exception.message"]
     assert w.alive()
+
+
+def test_reflection_cycle_forms_cited_beliefs_scoped_to_the_user(settings, worker):
+    from dataclasses import replace
+
+    s = replace(settings, threshold=2.0, min_episodes=4)
+    run(ensure_topics(s))
+    w = worker(s)
+    texts = ["revert of PR {n}: the auth middleware broke login",
+             "revert of PR {n}: auth token refresh failed in staging",
+             "revert of PR {n}: auth session cookie expired early",
+             "revert of PR {n}: auth scopes missing after deploy"]
+    run(_publish_many(s, [(user, f"{user}-{i}", texts[i].format(n=i), 0.6)
+                          for user in ("dana", "erin") for i in range(4)]))
+    wait_for(lambda: w.stats("dana").get("reflections", 0) > 0 and w.stats("erin").get("reflections", 0) > 0,
+             60, "beliefs for both users")
+    created = [m for m in run(_read_until_cycles(s, 2)) if m["type"] == "ReflectionCreated"]
+    assert created
+    for belief in created:
+        assert len(belief["evidence_ids"]) >= 2 and belief["depth"] == 1 and belief["reasoner"] == "offline"
+        assert all(e.startswith(belief["user_id"] + "-") for e in belief["evidence_ids"])
+
+
+async def _read_until_cycles(settings, cycles, timeout=30.0):
+    import asyncio
+
+    consumer = AIOKafkaConsumer(settings.topic_reflections, bootstrap_servers=settings.bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    events = []
+
+    async def drain():
+        async for message in consumer:
+            events.append(orjson.loads(message.value))
+            if sum(e["type"] == "ReflectionCycleCompleted" for e in events) >= cycles:
+                return
+    try:
+        await asyncio.wait_for(drain(), timeout)
+    finally:
+        await consumer.stop()
+    return events

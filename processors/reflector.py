@@ -1,0 +1,100 @@
+"""Reflector: one reflection cycle (steps 2–5) for one ReflectionRequested.
+
+`run_cycle` reads only through the view port and the reasoner port and returns
+the events to publish; the agent publishes them. Every cycle ends with a
+ReflectionCycleCompleted, failed ones included.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from processors.embedders import Embedder
+from processors.reasoners import Reasoner, Usage
+from processors.reflection import Candidate, Weights, judge, rerank
+from processors.view import VectorStore
+from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
+                     ReflectionRequested, now)
+
+
+@dataclass(frozen=True)
+class CycleConfig:
+    top_k: int = 8
+    citation_floor: int = 2
+    max_depth: int = 2
+    questions: int = 3
+    insights: int = 5
+    duplicate_cosine: float = 0.92
+    weights: Weights = Weights()
+
+    @classmethod
+    def from_settings(cls, settings) -> "CycleConfig":
+        return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
+
+
+def _candidates(view: VectorStore, user_id: str, vector, k: int) -> list[Candidate]:
+    hits = view.search(user_id, vector, k, kind="episode", status="recorded") + \
+        view.search(user_id, vector, k, kind="reflection", status="live")
+    return [Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
+                      float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
+            for h in hits for p in [h.payload] if p.get("user_id") == user_id]
+
+
+def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], view: VectorStore,
+              embedder: Embedder, reasoner: Reasoner, config: CycleConfig,
+              clock=lambda: datetime.now(timezone.utc)) -> list[Event]:
+    started = time.perf_counter()
+    user, cycle = request.user_id, request.cycle_id
+    usage, questions, out = Usage(), [], []
+    kept = reinforced = dropped = 0
+    try:
+        questions, used = reasoner.questions([r["text"] for r in window], config.questions)
+        usage += used
+        for question in questions:
+            pool = _candidates(view, user, embedder.embed([question])[0], config.top_k * 4)
+            evidence = rerank(pool, clock(), config.top_k, config.weights)
+            insights, used = reasoner.insights(question, [c.text for c in evidence], config.insights)
+            usage += used
+            verdict = judge(user, cycle, insights, evidence, config.citation_floor, config.max_depth)
+            dropped += len(verdict.dropped)
+            for belief in verdict.kept:
+                event = _belief_event(request, belief, question, view, embedder, reasoner, config)
+                kept += isinstance(event, ReflectionCreated)
+                reinforced += isinstance(event, ReflectionReinforced)
+                out.append(event)
+        outcome, error = ("ok" if out else "empty"), None
+    except Exception as exc:  # a failed cycle is reported, never retried in a loop
+        outcome, error, out = "failed", f"{type(exc).__name__}: {exc}"[:2000], []
+    out.append(ReflectionCycleCompleted(
+        event_id=f"cycle:{cycle}", user_id=user, cycle_id=cycle, why=request.why,
+        questions=tuple(q[:2000] for q in questions), kept=kept, reinforced=reinforced, dropped=dropped,
+        duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
+        reasoner=reasoner.name, error=error,
+        usage={"calls": usage.calls, "input_tokens": usage.input_tokens,
+               "output_tokens": usage.output_tokens, "cached_tokens": usage.cached_tokens}))
+    return out
+
+
+def _belief_event(request, belief, question, view, embedder, reasoner, config) -> Event:
+    """A new belief, or a reinforcement of a live near-duplicate of the same user."""
+    user, cycle = request.user_id, request.cycle_id
+    evidence_ids = tuple(c.id for c in belief.evidence)
+    near = view.search(user, embedder.embed([belief.text])[0], 1, kind="reflection", status="live")
+    if near and near[0].score >= config.duplicate_cosine and near[0].payload.get("user_id") == user:
+        old = near[0].payload
+        merged = tuple(dict.fromkeys([*old.get("evidence_ids", []), *evidence_ids]))
+        added = tuple(e for e in merged if e not in old.get("evidence_ids", []))
+        confidence = min(1.0, float(old.get("confidence", 0.5)) + 0.1 * max(1, len(added)))
+        return ReflectionReinforced(
+            event_id=f"reinforced:{cycle}:{belief.reflection_id}", user_id=user,
+            reflection_id=old["reflection_id"], cycle_id=cycle, evidence_ids=merged,
+            added_evidence_ids=added, confidence=round(confidence, 6), similarity=round(min(1.0, near[0].score), 6))
+    return ReflectionCreated(
+        event_id=f"created:{belief.reflection_id}", user_id=user, reflection_id=belief.reflection_id,
+        cycle_id=cycle, text=belief.text[:16000], evidence_ids=evidence_ids, depth=belief.depth,
+        importance=belief.importance, confidence=round(min(1.0, 0.3 + 0.1 * len(evidence_ids)), 6),
+        reasoner=reasoner.name, prompt_version=reasoner.prompt_version, question=question[:2000],
+        occurred_at=now())
