@@ -50,6 +50,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     user, cycle = request.user_id, request.cycle_id
     usage, questions, out = Usage(), [], []
     kept = reinforced = dropped = 0
+    made: list[tuple[str, Any]] = []  # (reflection id, text vector) emitted in this cycle
     try:
         questions, used = reasoner.questions([r["text"] for r in window], config.questions)
         usage += used
@@ -61,7 +62,14 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
             verdict = judge(user, cycle, insights, evidence, config.citation_floor, config.max_depth)
             dropped += len(verdict.dropped)
             for belief in verdict.kept:
-                event = _belief_event(request, belief, question, view, embedder, reasoner, config)
+                vector = embedder.embed([belief.text])[0]
+                # Several questions can reach the same evidence: one belief per cycle.
+                if any(rid == belief.reflection_id or float(vector @ v) >= config.duplicate_cosine
+                       for rid, v in made):
+                    dropped += 1
+                    continue
+                made.append((belief.reflection_id, vector))
+                event = _belief_event(request, belief, vector, question, view, reasoner, config)
                 kept += isinstance(event, ReflectionCreated)
                 reinforced += isinstance(event, ReflectionReinforced)
                 out.append(event)
@@ -78,11 +86,11 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     return out
 
 
-def _belief_event(request, belief, question, view, embedder, reasoner, config) -> Event:
+def _belief_event(request, belief, vector, question, view, reasoner, config) -> Event:
     """A new belief, or a reinforcement of a live near-duplicate of the same user."""
     user, cycle = request.user_id, request.cycle_id
     evidence_ids = tuple(c.id for c in belief.evidence)
-    near = view.search(user, embedder.embed([belief.text])[0], 1, kind="reflection", status="live")
+    near = view.search(user, vector, 1, kind="reflection", status="live")
     if near and near[0].score >= config.duplicate_cosine and near[0].payload.get("user_id") == user:
         old = near[0].payload
         merged = tuple(dict.fromkeys([*old.get("evidence_ids", []), *evidence_ids]))

@@ -1,0 +1,110 @@
+"""One reflection cycle against a real Qdrant Edge view (no broker needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from processors.embedders import HashingEmbedder
+from processors.projector import EpisodeProjector, ReflectionProjector
+from processors.reasoners import OfflineReasoner
+from processors.reflection import Insight
+from processors.reflector import CycleConfig, run_cycle
+from processors.view import EdgeView
+from schemas import EpisodeRecorded, ReflectionCreated, ReflectionReinforced, ReflectionRequested, decode
+
+TEXTS = ["revert of PR {n}: the auth middleware broke login",
+         "revert of PR {n}: auth token refresh failed in staging",
+         "revert of PR {n}: auth session cookie expired early",
+         "lunch today was pasta number {n}"]
+
+
+@pytest.fixture
+def stack(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 384)
+    embedder = HashingEmbedder()
+    yield view, embedder, EpisodeProjector(view, embedder), ReflectionProjector(view, embedder)
+    view.close()
+
+
+def record(projector, user, n):
+    episodes = [EpisodeRecorded(user_id=user, episode_id=f"{user}-{i}", text=TEXTS[i % 4].format(n=i),
+                                importance=0.6) for i in range(n)]
+    projector.apply(episodes)
+    return [{"id": e.episode_id, "kind": "episode", "text": e.text} for e in episodes]
+
+
+def request(user, cycle):
+    return ReflectionRequested(user_id=user, cycle_id=f"{user}:{cycle}", why="threshold")
+
+
+def test_redelivered_request_yields_the_same_events(stack):
+    view, embedder, episodes, _ = stack
+    window = record(episodes, "alice", 8)
+    first = run_cycle(request("alice", 1), window, view, embedder, OfflineReasoner(), CycleConfig())
+    again = run_cycle(request("alice", 1), window, view, embedder, OfflineReasoner(), CycleConfig())
+    beliefs = [e for e in first if isinstance(e, ReflectionCreated)]
+    assert beliefs and [e.reflection_id for e in beliefs] == [e.reflection_id for e in again
+                                                              if isinstance(e, ReflectionCreated)]
+    assert all(decode(e.encode()) == e for e in first)  # every event honours its contract
+    assert first[-1].TYPE == "ReflectionCycleCompleted" and first[-1].outcome == "ok"
+    assert first[-1].kept == len(beliefs) and first[-1].usage["input_tokens"] == 0
+
+
+def test_a_near_duplicate_insight_reinforces_the_live_belief(stack):
+    view, embedder, episodes, reflections = stack
+    window = record(episodes, "alice", 8)
+    first = run_cycle(request("alice", 1), window, view, embedder, OfflineReasoner(), CycleConfig())
+    reflections.apply(first)
+    live = view.count("alice", kind="reflection", status="live")
+    window += record(episodes, "alice", 12)[8:]
+    second = run_cycle(request("alice", 2), window, view, embedder, OfflineReasoner(), CycleConfig())
+    reinforced = [e for e in second if isinstance(e, ReflectionReinforced)]
+    assert reinforced and second[-1].reinforced == len(reinforced)
+    reflections.apply(second)
+    new = sum(isinstance(e, ReflectionCreated) for e in second)
+    assert view.count("alice", kind="reflection", status="live") == live + new
+    point = next(p for _, p in view.scroll("alice", kind="reflection")
+                 if p["reflection_id"] == reinforced[0].reflection_id)
+    assert point["evidence_ids"] == list(reinforced[0].evidence_ids)
+
+
+def test_beliefs_never_cite_another_users_identical_episodes(stack):
+    view, embedder, episodes, _ = stack
+    window = record(episodes, "alice", 8)
+    record(episodes, "bob", 8)  # the very same texts
+    events = run_cycle(request("alice", 1), window, view, embedder, OfflineReasoner(), CycleConfig())
+    cited = {e for ev in events if isinstance(ev, ReflectionCreated) for e in ev.evidence_ids}
+    assert cited and all(e.startswith("alice-") for e in cited)
+
+
+class Broken:
+    name, prompt_version = "broken", "v0"
+
+    def questions(self, statements, n=3):
+        raise TimeoutError("reasoner did not answer")
+
+
+class Hostile(OfflineReasoner):
+    """Answers with out-of-range and single citations, as a model might."""
+
+    def insights(self, question, statements, n=5):
+        good, usage = super().insights(question, statements, n)
+        return [Insight("cite everything", tuple(range(-3, 200))), Insight("single", (1,)),
+                Insight("nothing valid", (0, 99)), *good[:1]], usage
+
+
+def test_failed_cycle_is_reported_not_raised(stack):
+    view, embedder, episodes, _ = stack
+    events = run_cycle(request("alice", 1), record(episodes, "alice", 4), view, embedder, Broken(), CycleConfig())
+    [audit] = events
+    assert audit.outcome == "failed" and "TimeoutError" in audit.error and audit.kept == 0
+
+
+def test_only_valid_citations_are_persisted(stack):
+    view, embedder, episodes, _ = stack
+    events = run_cycle(request("alice", 1), record(episodes, "alice", 8), view, embedder, Hostile(), CycleConfig())
+    created = [e for e in events if isinstance(e, ReflectionCreated)]
+    assert created and "single" not in {e.text for e in created} and "nothing valid" not in {e.text for e in created}
+    ids = {f"alice-{i}" for i in range(8)}
+    assert all(set(e.evidence_ids) <= ids and len(e.evidence_ids) >= 2 for e in created)
+    assert events[-1].dropped >= 2 * len([q for q in events[-1].questions])
