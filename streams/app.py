@@ -56,6 +56,8 @@ def faust_app(settings: Settings) -> faust.App:
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=settings.session_timeout / 6,
         consumer_auto_offset_reset="earliest",
+        key_serializer="json",
+        value_serializer="json",
         web_host="127.0.0.1",
         web_port=settings.web_port,
         web_in_thread=False,
@@ -77,8 +79,9 @@ def create_app(settings: Settings) -> Runtime:
     dlq = {settings.topic_episodes: raw_topic(settings.dlq_episodes),
            settings.topic_reflections: raw_topic(settings.dlq_reflections),
            settings.topic_requests: raw_topic(settings.dlq_reflections)}
-    accumulators = app.Table("accumulators", default=dict, partitions=settings.partitions,
-                             key_type=str, value_type=dict)
+    # Plain JSON keys and values (the app's serializers): value_type=dict broke
+    # changelog recovery ("dict has no from_data"), and raw keys came back as bytes.
+    accumulators = app.Table("accumulators", default=dict, partitions=settings.partitions)
     trigger, cycle_config = Trigger.from_settings(settings), CycleConfig.from_settings(settings)
     reasoner = make_reasoner(settings.reasoner)
     reflection_projector = ReflectionProjector(view, embedder)
@@ -149,7 +152,7 @@ def create_app(settings: Settings) -> Runtime:
     async def close_view(app, **kwargs) -> None:
         view.close()
 
-    _routes(runtime)
+    _routes(runtime, accumulators)
     return runtime
 
 
@@ -184,22 +187,30 @@ async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) 
             await dead_letter(message, error, "project")
 
 
-def _routes(runtime: Runtime) -> None:
+def _routes(runtime: Runtime, accumulators) -> None:
     app, view = runtime.app, runtime.view
 
     @app.page("/healthz")
     class Health(View):
         async def get(self, request: Request) -> Response:
+            # Ready once partitions are assigned and tables recovered from their
+            # changelogs: before that, reads would answer from empty state.
+            if app.rebalancing or not app.tables.recovery.completed.is_set():
+                return self.json({"status": "starting"}, status=503)
             return self.json({"status": "ok"})
 
     @app.page("/v1/users/{user_id}/stats")
     class Stats(View):
         async def get(self, request: Request, user_id: str) -> Response:
+            acc = Accumulator.from_dict(accumulators.get(user_id))
             return self.json({
                 "user_id": user_id,
                 "episodes": view.count(user_id, kind="episode", status="recorded"),
                 "retracted": view.count(user_id, kind="episode", status="retracted"),
                 "reflections": view.count(user_id, kind="reflection"),
+                "pending_importance": round(acc.pending, 6),
+                "high_salience": acc.high_salience,
+                "cycles": acc.cycles,
             })
 
     @app.page("/v1/users/{user_id}/episodes/{episode_id}")

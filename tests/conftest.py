@@ -86,7 +86,8 @@ class Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streams.cli", "worker"], env=settings_env(self.settings),
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_for(lambda: self.alive() and self.get("/healthz") is not None, 60, "worker /healthz")
+        wait_for(lambda: self.alive() and (self.get("/healthz") or {}).get("status") == "ok", 60,
+                 "worker /healthz ok (partitions assigned, tables recovered)")
         return self
 
     def alive(self) -> bool:
