@@ -22,10 +22,12 @@ from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjec
 from processors.reasoners import make_reasoner
 from processors.reflector import CycleConfig, run_cycle
 from processors.view import VectorStore, open_view
-from schemas import ContractError, ReflectionRequested, decode
+from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
+                     ReflectionReinforced, ReflectionRequested, decode)
 from streams.settings import Settings
 
 log = logging.getLogger("reflect")
+ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted)
 
 
 @dataclass
@@ -114,8 +116,8 @@ def create_app(settings: Settings) -> Runtime:
     @app.agent(reflections, name="reflection-projector")
     async def project_reflections(stream):
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
-            records = [(r, m) for r, m in await admitted(batch, tuple(schemas_on_reflections()))
-                       if isinstance(r, REFLECTION_TYPES)]
+            # Invalidations and audit events are valid here; only these change the view yet.
+            records = [(r, m) for r, m in await admitted(batch, ON_REFLECTIONS) if isinstance(r, REFLECTION_TYPES)]
             await apply_or_dead_letter(reflection_projector.apply, records, dead_letter)
 
     @app.agent(raw_topic(settings.topic_episodes, settings.topic_reflections), name="accumulator")
@@ -154,13 +156,6 @@ def create_app(settings: Settings) -> Runtime:
 
     _routes(runtime, accumulators)
     return runtime
-
-
-def schemas_on_reflections():
-    from schemas import RECORDS
-
-    return [RECORDS[t] for t in ("ReflectionCreated", "ReflectionReinforced", "ReflectionInvalidated",
-                                 "ReflectionCycleCompleted")]
 
 
 async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) -> None:
