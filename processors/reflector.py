@@ -93,8 +93,9 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
     near = view.search(user, vector, 1, kind="reflection", status="live")
     if near and near[0].score >= config.duplicate_cosine and near[0].payload.get("user_id") == user:
         old = near[0].payload
-        merged = tuple(dict.fromkeys([*old.get("evidence_ids", []), *evidence_ids]))
-        added = tuple(e for e in merged if e not in old.get("evidence_ids", []))
+        previous = old.get("evidence_ids", [])
+        added = tuple(e for e in evidence_ids if e not in previous)
+        merged = (*previous, *added)
         confidence = min(1.0, float(old.get("confidence", 0.5)) + 0.1 * max(1, len(added)))
         return ReflectionReinforced(
             event_id=f"reinforced:{cycle}:{belief.reflection_id}", user_id=user,
