@@ -12,7 +12,6 @@ from pathlib import Path
 from dataclasses import dataclass
 
 import faust
-from faust.web import Request, Response, View
 
 from processors.dlq import dead_letter_headers
 from processors.embedders import Embedder, make_embedder
@@ -24,6 +23,7 @@ from processors.reflector import CycleConfig, run_cycle
 from processors.view import VectorStore, open_view
 from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
                      ReflectionReinforced, ReflectionRequested, decode)
+from streams import api
 from streams.settings import Settings
 
 log = logging.getLogger("reflect")
@@ -154,7 +154,7 @@ def create_app(settings: Settings) -> Runtime:
     async def close_view(app, **kwargs) -> None:
         view.close()
 
-    _routes(runtime, accumulators)
+    api.install(runtime, accumulators, episodes, requests)
     return runtime
 
 
@@ -180,39 +180,3 @@ async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) 
             apply([record])
         except Exception as error:
             await dead_letter(message, error, "project")
-
-
-def _routes(runtime: Runtime, accumulators) -> None:
-    app, view = runtime.app, runtime.view
-
-    @app.page("/healthz")
-    class Health(View):
-        async def get(self, request: Request) -> Response:
-            # Ready once partitions are assigned and tables recovered from their
-            # changelogs: before that, reads would answer from empty state.
-            if app.rebalancing or not app.tables.recovery.completed.is_set():
-                return self.json({"status": "starting"}, status=503)
-            return self.json({"status": "ok"})
-
-    @app.page("/v1/users/{user_id}/stats")
-    class Stats(View):
-        async def get(self, request: Request, user_id: str) -> Response:
-            acc = Accumulator.from_dict(accumulators.get(user_id))
-            return self.json({
-                "user_id": user_id,
-                "episodes": view.count(user_id, kind="episode", status="recorded"),
-                "retracted": view.count(user_id, kind="episode", status="retracted"),
-                "reflections": view.count(user_id, kind="reflection"),
-                "pending_importance": round(acc.pending, 6),
-                "high_salience": acc.high_salience,
-                "cycles": acc.cycles,
-            })
-
-    @app.page("/v1/users/{user_id}/episodes/{episode_id}")
-    class Episode(View):
-        async def get(self, request: Request, user_id: str, episode_id: str) -> Response:
-            pid = point_id("episode", user_id, episode_id)
-            payload = view.get([pid]).get(pid)
-            if payload is None or payload.get("user_id") != user_id:
-                return self.json({"error": {"code": "not_found", "message": "no such episode"}}, status=404)
-            return self.json(payload)

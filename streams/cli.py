@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("worker", parents=[common],
                         help="run the stream worker (projector and its HTTP routes) in the foreground")
+    up = commands.add_parser("up", parents=[common], help=(
+        "run the whole stack in one process: embedded broker (unless --broker), topics, "
+        "every processor, the view and the HTTP API"))
+    up.add_argument("--port", type=int, default=8080, help="HTTP API port (default 8080)")
+    demo = commands.add_parser("demo", parents=[common], help=(
+        "stream a bundled three-month history through the whole stack and score the beliefs it forms"))
+    demo.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the sample history (default 7)")
+    demo.add_argument("--episodes", type=int, default=2100, help="episodes in the history (default 2100)")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
     return parser
 
@@ -79,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "broker":
         return _broker(args)
+    if args.command == "up":
+        from streams.stack import up
+
+        return up(args)
+    if args.command == "demo":
+        from streams.demo import demo
+
+        return demo(args)
     settings = _load(args)
     if args.command == "settings":
         for spec in SPECS:

@@ -174,6 +174,14 @@ class Settings:
                 ) from None
         return cls(**values)
 
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """An environment for a child process that resolves to exactly these settings."""
+        env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("REFLECT_")}
+        for spec in SPECS:
+            value = getattr(self, spec.name)
+            env[spec.env] = "" if value is None else str(value)
+        return env
+
     @property
     def bootstrap(self) -> str:
         """host:port list for aiokafka."""

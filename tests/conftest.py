@@ -64,13 +64,7 @@ def settings(broker, tmp_path) -> Settings:
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    from streams.settings import SPECS
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}
-    for spec in SPECS:
-        value = getattr(settings, spec.name)
-        env[spec.env] = "" if value is None else str(value)
-    return env
+    return settings.child_env()
 
 
 class Worker:

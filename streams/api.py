@@ -1,0 +1,189 @@
+"""The HTTP API of `reflect up` and `reflect worker` (DESIGN.md, "HTTP API").
+
+Writes go through Kafka: they answer 202 once the broker has acknowledged the
+event, and become visible when the projector has applied it. Errors are
+`{"error": {"code", "message", "field"?}}` with a 4xx status; an unexpected
+failure is logged and answered as a JSON 500, never with a trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any
+
+import orjson
+from faust.web import Request, Response, View
+
+from processors.accumulator import Accumulator
+from processors.projector import point_id
+from schemas import ContractError, ReflectionRequested, new_id, now
+from streams.producer import make_episode, make_retraction
+
+log = logging.getLogger("reflect.api")
+EPISODE_FIELDS = {"text", "importance", "episode_id", "occurred_at", "source", "metadata"}
+SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    def body(self) -> dict[str, Any]:
+        error = {"code": self.code, "message": self.message}
+        return {"error": {**error, "field": self.field} if self.field else error}
+
+
+def answers_json(handler):
+    """Turn every failure of a handler into a JSON error answer."""
+    @functools.wraps(handler)
+    async def wrapped(self: View, request: Request, **kwargs) -> Response:
+        try:
+            return await handler(self, request, **kwargs)
+        except ContractError as exc:
+            error = ApiError(422, "invalid", exc.reason, exc.field)
+        except ApiError as exc:
+            error = exc
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            error = ApiError(500, "internal", "internal error; see the worker's log")
+        return self.json(error.body(), status=error.status)
+    return wrapped
+
+
+async def json_body(request: Request, required: bool = True) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise ApiError(422, "invalid", "a JSON object body is required", "(body)")
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(422, "invalid", f"body is not JSON: {exc}", "(body)") from None
+    if not isinstance(body, dict):
+        raise ApiError(422, "invalid", "body must be a JSON object", "(body)")
+    return body
+
+
+def _int_query(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(422, "invalid", f"must be an integer, got {raw!r}", name) from None
+    if not low <= value <= high:
+        raise ApiError(422, "invalid", f"must be within {low}..{high}", name)
+    return value
+
+
+def belief(payload: dict[str, Any]) -> dict[str, Any]:
+    keys = ("reflection_id", "text", "evidence_ids", "depth", "confidence", "importance", "status",
+            "created_at", "reinforced_at", "question", "cycle_id", "reasoner", "prompt_version")
+    return {k: payload[k] for k in keys if k in payload}
+
+
+def live_beliefs(view, user_id: str, limit: int) -> list[dict[str, Any]]:
+    """The user's live beliefs, most confident first, then newest."""
+    found = [belief(p) for _, p in view.scroll(user_id, kind="reflection", status="live")
+             if p.get("user_id") == user_id]
+    found.sort(key=lambda b: (b.get("confidence", 0.0), b.get("created_at", "")), reverse=True)
+    return found[:limit]
+
+
+def install(runtime, accumulators, episodes_topic, requests_topic) -> None:
+    app, view = runtime.app, runtime.view
+
+    async def publish(topic, event) -> None:
+        try:
+            sent = await asyncio.wait_for(topic.send(key=event.user_id.encode(), value=event.encode()),
+                                          SEND_TIMEOUT)
+            await asyncio.wait_for(sent, SEND_TIMEOUT)
+        except (asyncio.TimeoutError, OSError) as exc:
+            raise ApiError(503, "unavailable", f"the broker did not acknowledge the event: {exc!r}") from None
+
+    @app.page("/healthz")
+    class Health(View):
+        @answers_json
+        async def get(self, request: Request) -> Response:
+            # Ready once partitions are assigned and tables recovered from their
+            # changelogs: before that, reads would answer from empty state.
+            if app.rebalancing or not app.tables.recovery.completed.is_set():
+                return self.json({"status": "starting"}, status=503)
+            return self.json({"status": "ok"})
+
+    @app.page("/v1/users/{user_id}/episodes")
+    class Episodes(View):
+        @answers_json
+        async def post(self, request: Request, user_id: str) -> Response:
+            body = await json_body(request)
+            unknown = sorted(set(body) - EPISODE_FIELDS)
+            if unknown:
+                raise ApiError(422, "invalid", f"unknown field (expected {sorted(EPISODE_FIELDS)})", unknown[0])
+            for name in ("text", "importance"):
+                if name not in body:
+                    raise ApiError(422, "invalid", "is required", name)
+            event = make_episode(user_id, body["text"], body["importance"], episode_id=body.get("episode_id"),
+                                 occurred_at=body.get("occurred_at"), source=body.get("source"),
+                                 metadata=body.get("metadata"))
+            await publish(episodes_topic, event)
+            return self.json({"episode_id": event.episode_id, "event_id": event.event_id}, status=202)
+
+    @app.page("/v1/users/{user_id}/episodes/{episode_id}")
+    class Episode(View):
+        @answers_json
+        async def get(self, request: Request, user_id: str, episode_id: str) -> Response:
+            pid = point_id("episode", user_id, episode_id)
+            payload = view.get([pid]).get(pid)
+            if payload is None or payload.get("user_id") != user_id:
+                raise ApiError(404, "not_found", "no such episode for this user")
+            return self.json(payload)
+
+    @app.page("/v1/users/{user_id}/episodes/{episode_id}/retract")
+    class Retract(View):
+        @answers_json
+        async def post(self, request: Request, user_id: str, episode_id: str) -> Response:
+            body = await json_body(request, required=False)
+            event = make_retraction(user_id, episode_id, body.get("reason", "incorrect"))
+            await publish(episodes_topic, event)
+            return self.json({"episode_id": episode_id, "event_id": event.event_id}, status=202)
+
+    @app.page("/v1/users/{user_id}/reflect")
+    class Reflect(View):
+        @answers_json
+        async def post(self, request: Request, user_id: str) -> Response:
+            # A manual cycle leaves the threshold accumulator alone: its cycle
+            # numbering must stay a function of the episode stream for replays.
+            cycle_id = f"{user_id}:manual:{new_id()}"
+            event = ReflectionRequested(event_id=f"request:{cycle_id}", user_id=user_id, cycle_id=cycle_id,
+                                        why="manual", occurred_at=now())
+            await publish(requests_topic, event)
+            return self.json({"cycle_id": cycle_id, "event_id": event.event_id}, status=202)
+
+    @app.page("/v1/users/{user_id}/beliefs")
+    class Beliefs(View):
+        @answers_json
+        async def get(self, request: Request, user_id: str) -> Response:
+            if "as_of" in request.query:
+                raise ApiError(422, "unsupported", "as_of reads are not supported by this version", "as_of")
+            limit = _int_query(request, "limit", 50, 1, 1000)
+            return self.json({"user_id": user_id, "beliefs": live_beliefs(view, user_id, limit)})
+
+    @app.page("/v1/users/{user_id}/stats")
+    class Stats(View):
+        @answers_json
+        async def get(self, request: Request, user_id: str) -> Response:
+            acc = Accumulator.from_dict(accumulators.get(user_id))
+            return self.json({
+                "user_id": user_id,
+                "episodes": view.count(user_id, kind="episode", status="recorded"),
+                "retracted": view.count(user_id, kind="episode", status="retracted"),
+                "reflections": view.count(user_id, kind="reflection"),
+                "pending_importance": round(acc.pending, 6),
+                "high_salience": acc.high_salience,
+                "cycles": acc.cycles,
+            })

@@ -1,0 +1,86 @@
+"""`reflect up`: the whole stack in one process.
+
+An embedded Tansu broker unless a broker is given (flag or REFLECT_BROKER),
+the topics, the worker with every processor, the view (Qdrant Edge under
+--data-dir unless --qdrant-url) and the HTTP API on --port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from streams.settings import SPECS, Settings
+
+API_ROUTES = (
+    "POST /v1/users/{user}/episodes",
+    "POST /v1/users/{user}/episodes/{episode_id}/retract",
+    "POST /v1/users/{user}/reflect",
+    "GET  /v1/users/{user}/beliefs",
+    "GET  /v1/users/{user}/stats",
+    "GET  /healthz",
+)
+
+
+def stack_settings(args: argparse.Namespace, env=os.environ) -> tuple[Settings, bool]:
+    """Settings of `up`/`demo`, and whether the broker is the embedded one.
+
+    The embedder defaults to MiniLM here (belief quality needs a semantic
+    embedder) when the `minilm` extra is installed.
+    """
+    given = {spec.name: getattr(args, spec.name, None) for spec in SPECS}
+    embedded = given["broker"] is None and not env.get("REFLECT_BROKER")
+    given["web_port"] = args.port
+    if given["embedder"] is None and not env.get("REFLECT_EMBEDDER"):
+        given["embedder"] = "minilm" if importlib.util.find_spec("onnxruntime") else "hashing"
+    settings = Settings.load(env=env, **given)
+    if embedded:
+        # Tansu keeps its log in memory, so each run starts from an empty log;
+        # a view left by an earlier run would no longer match it.
+        settings = dataclasses.replace(settings, data_dir=str(Path(settings.data_dir) / "embedded-run"))
+    return settings, embedded
+
+
+def up(args: argparse.Namespace) -> int:
+    import faust
+
+    from streams.app import create_app
+    from streams.broker import EmbeddedBroker
+    from streams.cli import _topics_create, _with_broker_errors
+
+    settings, embedded = stack_settings(args)
+    with contextlib.ExitStack() as stack:
+        broker = None
+        if embedded:
+            shutil.rmtree(settings.data_dir, ignore_errors=True)
+            broker = stack.enter_context(EmbeddedBroker(kind="tansu"))
+            settings = dataclasses.replace(settings, broker=broker.url)
+        with contextlib.redirect_stdout(sys.stderr):  # topic lines are not the announcement
+            if _with_broker_errors(settings, _topics_create(settings)) != 0:
+                return 1
+        runtime = create_app(settings)
+        app = runtime.app
+
+        @app.task
+        async def announce() -> None:
+            while app.rebalancing or not app.tables.recovery.completed.is_set():
+                await asyncio.sleep(0.1)
+            base = f"http://127.0.0.1:{settings.web_port}"
+            where = (f"embedded Tansu at {broker.bootstrap} (memory only: this run's log ends with it)"
+                     if broker else settings.bootstrap)
+            view = settings.qdrant_url or f"Qdrant Edge in {settings.view_dir}"
+            print(f"Reflect is up.\n  API      {base}\n  broker   {where}\n  view     {view}\n"
+                  f"  reasoner {settings.reasoner}, embedder {settings.embedder}\n  routes   "
+                  + "\n           ".join(API_ROUTES) + "\nCtrl-C or SIGTERM stops it.", flush=True)
+
+        worker = faust.Worker(app, loglevel="warning", quiet=True, redirect_stdouts=False)
+        worker.spinner = None  # its terminal codes would garble the announcement
+        worker.execute_from_commandline()
+    return 0

@@ -1,0 +1,78 @@
+"""`reflect up`: one process with its own broker, the worker and the HTTP API."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import wait_for
+from streams.broker import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def call(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture
+def stack(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}
+    out = open(tmp_path / "up.out", "w+")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+         "--embedder", "hashing"], env=env, stdout=out, stderr=open(tmp_path / "up.err", "w"))
+    wait_for(lambda: process.poll() is None and "Reflect is up." in open(tmp_path / "up.out").read(), 90,
+             "the announcement of `reflect up`")
+    yield port, process, tmp_path
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
+
+
+def test_up_serves_the_api_and_stops_cleanly(stack):
+    port, process, tmp_path = stack
+    announcement = (tmp_path / "up.out").read_text()
+    assert f"http://127.0.0.1:{port}" in announcement and "embedded Tansu at 127.0.0.1:" in announcement
+
+    status, answer = call(port, "POST", "/v1/users/ann/episodes",
+                          b'{"text": "deploys need a log check", "importance": 0.7, "episode_id": "e1"}')
+    assert (status, answer["episode_id"]) == (202, "e1")
+    for body, field in ((b'{"text": "x", "importance": 7}', "importance"), (b'{"importance": 0.5}', "text"),
+                        (b'{"text": "x", "importance": 0.5, "colour": 1}', "colour"), (b"[1,", "(body)")):
+        status, answer = call(port, "POST", "/v1/users/ann/episodes", body)
+        assert status == 422 and answer["error"]["field"] == field, (body, answer)
+    status, answer = call(port, "GET", "/v1/users/ann/beliefs?limit=0")
+    assert status == 422 and answer["error"]["field"] == "limit"
+
+    wait_for(lambda: call(port, "GET", "/v1/users/ann/stats")[1]["episodes"] == 1, 30, "episode e1 in the view")
+    assert call(port, "GET", "/v1/users/ann/episodes/e1")[1]["text"] == "deploys need a log check"
+    assert call(port, "GET", "/v1/users/bob/episodes/e1")[0] == 404  # scoped to the user
+
+    status, answer = call(port, "POST", "/v1/users/ann/reflect")
+    assert status == 202 and answer["cycle_id"].startswith("ann:manual:")
+    assert call(port, "POST", "/v1/users/ann/episodes/e1/retract", b'{"reason": "incorrect"}')[0] == 202
+    wait_for(lambda: call(port, "GET", "/v1/users/ann/stats")[1]["retracted"] == 1, 30, "e1 retracted")
+    assert call(port, "GET", "/v1/users/ann/beliefs") == (200, {"user_id": "ann", "beliefs": []})
+
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0
+    broker_port = int(re.search(r"embedded Tansu at 127.0.0.1:(\d+)", announcement).group(1))
+    for gone in (port, broker_port):  # the API and the embedded broker stopped with it
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", gone), timeout=2).close()
