@@ -87,5 +87,9 @@ def fire(acc: Accumulator, user_id: str, why: str, at: str) -> tuple[Accumulator
         event_id=f"request:{user_id}:{cycles}", cycle_id=f"{user_id}:{cycles}",
         user_id=user_id, why=why, pending_importance=round(acc.pending, 6),
         occurred_at=at,
+        # The window travels by id: the cycle reflects on what fired it even
+        # when it runs later, and a replay asks the same question.
+        window_episode_ids=tuple(r["id"] for r in acc.recent if r["kind"] == "episode"),
+        window_reflection_ids=tuple(r["id"] for r in acc.recent if r["kind"] == "reflection"),
     )
     return replace(acc, pending=0.0, cycles=cycles, last_cycle_at=at), request

@@ -34,7 +34,8 @@ class Reasoner(Protocol):
     name: str
     prompt_version: str
 
-    def questions(self, statements: Sequence[str], n: int = 3) -> tuple[list[str], Usage]: ...
+    def questions(self, statements: Sequence[str], n: int = 3,
+                  importance: Sequence[float] | None = None) -> tuple[list[str], Usage]: ...
 
     def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]: ...
 
@@ -46,7 +47,8 @@ done during each every from further have having here into itself just like made 
 most much must never only other over same should some such than that their them then there
 these they this those through under until very want wants wanted were what when where which
 while will with would your user users agent episode said says asked asks today yesterday
-""".split())
+often together
+""".split())  # the last line: words of the offline reasoner's own insights
 
 
 def _terms(text: str) -> set[str]:
@@ -68,10 +70,18 @@ class OfflineReasoner:
     name = "offline"
     prompt_version = "offline-v1"
 
-    def questions(self, statements: Sequence[str], n: int = 3) -> tuple[list[str], Usage]:
-        counts = Counter(t for text in statements for t in _terms(text))
-        top = [t for t, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= 2][:n]
-        return [f"What recurs in the user's records about {t}?" for t in top], Usage()
+    def questions(self, statements: Sequence[str], n: int = 3,
+                  importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:
+        # Salient = recurring in what mattered: terms of ≥ 2 statements, ranked by
+        # the mean importance of the statements that hold them, then by count.
+        weights = importance or [1.0] * len(statements)
+        held: dict[str, list[float]] = {}
+        for text, weight in zip(statements, weights):
+            for term in _terms(text):
+                held.setdefault(term, []).append(weight)
+        ranked = sorted((t for t, ws in held.items() if len(ws) >= 2),
+                        key=lambda t: (-sum(held[t]) / len(held[t]), -len(held[t]), t))
+        return [f"What recurs in the user's records about {t}?" for t in ranked[:n]], Usage()
 
     def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]:
         asked = _terms(question)
@@ -86,8 +96,7 @@ class OfflineReasoner:
             seen.add(cited)
             companions = Counter(t for i in cited for t in _terms(statements[i - 1]) if t != term)
             also = [t for t, c in companions.most_common(3) if c >= 2]
-            tail = f", together with {', '.join(also)}" if also else ""
-            out.append(Insight(f"Recurring theme in {len(cited)} records: {term}{tail}.", cited))
+            out.append(Insight(f"Often together: {', '.join([term, *also])}.", cited))
             if len(out) == n:
                 break
         return out, Usage()

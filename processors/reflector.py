@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
+from processors.projector import point_id
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
 from processors.view import VectorStore
@@ -35,12 +36,30 @@ class CycleConfig:
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
 
 
-def _candidates(view: VectorStore, user_id: str, vector, k: int) -> list[Candidate]:
+def _candidates(view: VectorStore, user_id: str, vector, k: int, max_depth: int) -> list[Candidate]:
+    """Episodes and live beliefs of this user near the question; a belief already
+    at max_depth is left out, as nothing citing it could be kept."""
     hits = view.search(user_id, vector, k, kind="episode", status="recorded") + \
         view.search(user_id, vector, k, kind="reflection", status="live")
     return [Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
                       float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
-            for h in hits for p in [h.payload] if p.get("user_id") == user_id]
+            for h in hits for p in [h.payload]
+            if p.get("user_id") == user_id and int(p.get("depth", 0)) < max_depth]
+
+
+SERVED = {"episode": "recorded", "reflection": "live"}
+
+
+def window_records(view: VectorStore, user_id: str, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The (kind, id) records of a window as the view holds them now, oldest first;
+    what was retracted or invalidated since is left out."""
+    pids = {point_id(kind, user_id, rid): (kind, rid) for kind, rid in refs}
+    found = view.get(list(pids))
+    records = [{"id": rid, "kind": kind, "text": p["text"], "importance": float(p.get("importance", 0.0)),
+                "occurred_at": p["occurred_at"], "depth": int(p.get("depth", 0))}
+               for pid, (kind, rid) in pids.items() for p in [found.get(pid)]
+               if p and p.get("user_id") == user_id and p.get("status") == SERVED[kind] and p.get("text")]
+    return sorted(records, key=lambda r: r["occurred_at"])
 
 
 def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], view: VectorStore,
@@ -52,10 +71,11 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     kept = reinforced = dropped = 0
     made: list[tuple[str, Any]] = []  # (reflection id, text vector) emitted in this cycle
     try:
-        questions, used = reasoner.questions([r["text"] for r in window], config.questions)
+        questions, used = reasoner.questions([r["text"] for r in window], config.questions,
+                                             importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
         for question in questions:
-            pool = _candidates(view, user, embedder.embed([question])[0], config.top_k * 4)
+            pool = _candidates(view, user, embedder.embed([question])[0], config.top_k * 4, config.max_depth)
             evidence = rerank(pool, clock(), config.top_k, config.weights)
             insights, used = reasoner.insights(question, [c.text for c in evidence], config.insights)
             usage += used
@@ -70,6 +90,9 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                     continue
                 made.append((belief.reflection_id, vector))
                 event = _belief_event(request, belief, vector, question, view, reasoner, config)
+                if event is None:
+                    dropped += 1
+                    continue
                 kept += isinstance(event, ReflectionCreated)
                 reinforced += isinstance(event, ReflectionReinforced)
                 out.append(event)
@@ -86,17 +109,24 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     return out
 
 
-def _belief_event(request, belief, vector, question, view, reasoner, config) -> Event:
-    """A new belief, or a reinforcement of a live near-duplicate of the same user."""
+def _belief_event(request, belief, vector, question, view, reasoner, config) -> Event | None:
+    """A new belief, a reinforcement of a live near-duplicate of the same user,
+    or None when that near-duplicate already cites all this evidence."""
     user, cycle = request.user_id, request.cycle_id
     evidence_ids = tuple(c.id for c in belief.evidence)
-    near = view.search(user, vector, 1, kind="reflection", status="live")
-    if near and near[0].score >= config.duplicate_cosine and near[0].payload.get("user_id") == user:
+    # Only a belief of the same depth can be reinforced: merging evidence across
+    # levels would make a belief cite itself or misstate its depth.
+    near = [h for h in view.search(user, vector, 5, kind="reflection", status="live")
+            if h.score >= config.duplicate_cosine and h.payload.get("user_id") == user
+            and int(h.payload.get("depth", 1)) == belief.depth]
+    if near:
         old = near[0].payload
         previous = old.get("evidence_ids", [])
         added = tuple(e for e in evidence_ids if e not in previous)
+        if not added:  # the belief already rests on this evidence: a repeat, not support
+            return None
         merged = (*previous, *added)
-        confidence = min(1.0, float(old.get("confidence", 0.5)) + 0.1 * max(1, len(added)))
+        confidence = min(1.0, float(old.get("confidence", 0.5)) + 0.1 * len(added))
         return ReflectionReinforced(
             event_id=f"reinforced:{cycle}:{belief.reflection_id}", user_id=user,
             reflection_id=old["reflection_id"], cycle_id=cycle, evidence_ids=merged,

@@ -104,6 +104,8 @@ class ReflectionRequested(Event):
     pending_importance: float | None = None
     reflection_id: str | None = None
     evidence_ids: tuple[str, ...] | None = None
+    window_episode_ids: tuple[str, ...] | None = None
+    window_reflection_ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

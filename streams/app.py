@@ -19,7 +19,7 @@ from processors.accumulator import Accumulator, Trigger, admit
 from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
                                   point_id)
 from processors.reasoners import make_reasoner
-from processors.reflector import CycleConfig, run_cycle
+from processors.reflector import CycleConfig, run_cycle, window_records
 from processors.view import VectorStore, open_view
 from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
                      ReflectionReinforced, ReflectionRequested, decode)
@@ -133,22 +133,48 @@ def create_app(settings: Settings) -> Runtime:
             if request is not None:
                 await requests.send(key=record.user_id.encode(), value=request.encode())
 
-    async def projected(user_id: str, window, timeout: float = 10.0) -> None:
-        """Wait (bounded) until the window's records are in the view: the projector
-        is another agent, and the evidence search must see what triggered the cycle."""
-        ids = [point_id(r["kind"], user_id, r["id"]) for r in window]
+    async def visible(events, timeout: float = 10.0) -> None:
+        """Wait (bounded) until these records are in the view: the projectors are
+        other agents, and a cycle must see what triggered it and what the user's
+        previous cycle concluded (or it would repeat a belief, or overwrite a
+        reinforcement it never saw)."""
+        expected = {}
+        for e in events:
+            if isinstance(e, ReflectionReinforced):
+                expected[point_id("reflection", e.user_id, e.reflection_id)] = list(e.evidence_ids)
+            elif isinstance(e, ReflectionCreated):
+                expected.setdefault(point_id("reflection", e.user_id, e.reflection_id), None)
+            elif isinstance(e, dict):  # a window record
+                expected[point_id(e["kind"], e["user_id"], e["id"])] = None
         deadline = asyncio.get_running_loop().time() + timeout
-        while len(view.get(ids)) < len(ids) and asyncio.get_running_loop().time() < deadline:
+        while asyncio.get_running_loop().time() < deadline:
+            seen = view.get(list(expected))
+            if all(pid in seen and (ids is None or seen[pid].get("evidence_ids") == ids)
+                   for pid, ids in expected.items()):
+                return
             await asyncio.sleep(0.05)
+        log.warning("view still behind after %.0f s; the cycle goes on with what it sees", timeout)
 
     @app.agent(requests, name="reflector")
     async def reflect(stream):
         async for event in stream.events():
-            for request, _ in await admitted([event], (ReflectionRequested,)):
-                window = Accumulator.from_dict(accumulators[request.user_id]).recent
-                await projected(request.user_id, window)
-                for out in run_cycle(request, window, view, embedder, reasoner, cycle_config):
-                    await reflections.send(key=out.user_id.encode(), value=out.encode())
+            for request, message in await admitted([event], (ReflectionRequested,)):
+                try:
+                    user = request.user_id
+                    if request.window_episode_ids is None and request.window_reflection_ids is None:
+                        refs = [(r["kind"], r["id"]) for r in Accumulator.from_dict(accumulators[user]).recent]
+                    else:  # the window the accumulator saw when it fired
+                        refs = [("episode", i) for i in request.window_episode_ids or ()] + \
+                               [("reflection", i) for i in request.window_reflection_ids or ()]
+                    await visible([{"kind": kind, "id": rid, "user_id": user} for kind, rid in refs])
+                    window = window_records(view, user, refs)
+                    made = run_cycle(request, window, view, embedder, reasoner, cycle_config)
+                    for out in made:
+                        await reflections.send(key=out.user_id.encode(), value=out.encode())
+                    await visible(made)
+                except Exception as error:  # a crashed agent would skip the request silently
+                    log.exception("cycle %s failed outside the reasoner", request.cycle_id)
+                    await dead_letter(message, error, "reflect")
 
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:

@@ -10,6 +10,7 @@ through the HTTP API and scores them against the planted patterns.
 from __future__ import annotations
 
 import argparse
+import collections
 import asyncio
 import contextlib
 import dataclasses
@@ -62,14 +63,19 @@ def score(hist: History, beliefs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class Progress:
     def __init__(self, stream=sys.stderr) -> None:
-        self.stream, self.last = stream, ""
+        self.stream, self.last, self.finished = stream, "", set()
 
     def show(self, label: str, done: int, total: int) -> None:
+        if label in self.finished:
+            return
         width = 30
         filled = width * done // max(total, 1)
         line = f"\r{label:<11} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
         if line != self.last:
-            self.stream.write(line + ("\n" if done >= total else ""))
+            if done >= total:
+                self.finished.add(label)
+                line += "\n"
+            self.stream.write(line)
             self.stream.flush()
             self.last = line
 
@@ -79,7 +85,18 @@ def _get(port: int, path: str) -> dict[str, Any]:
         return orjson.loads(answer.read())
 
 
-async def _follow(settings: Settings, seen: dict[str, set]) -> None:
+@dataclasses.dataclass
+class Followed:
+    """What the reflections topic said, as a downstream subscriber sees it."""
+    cycles: set[str] = dataclasses.field(default_factory=set)
+    created: set[str] = dataclasses.field(default_factory=set)
+    kept: int = 0
+    reinforced: int = 0
+    dropped: int = 0
+    questions: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+async def _follow(settings: Settings, seen: Followed) -> None:
     """Collect cycle and belief events from the reflections topic."""
     from aiokafka import AIOKafkaConsumer
 
@@ -90,18 +107,22 @@ async def _follow(settings: Settings, seen: dict[str, set]) -> None:
         async for message in consumer:
             with contextlib.suppress(ContractError):
                 event = decode(message.value)
-                if isinstance(event, ReflectionCycleCompleted):
-                    seen["cycles"].add(event.cycle_id)
+                if isinstance(event, ReflectionCycleCompleted) and event.cycle_id not in seen.cycles:
+                    seen.cycles.add(event.cycle_id)
+                    seen.kept += event.kept
+                    seen.reinforced += event.reinforced or 0
+                    seen.dropped += event.dropped
+                    seen.questions.update(event.questions)
                 elif isinstance(event, ReflectionCreated):
-                    seen["created"].add(event.reflection_id)
+                    seen.created.add(event.reflection_id)
     finally:
         await consumer.stop()
 
 
-async def _stream(settings: Settings, hist: History, port: int, expected: int, deadline: float) -> None:
+async def _stream(settings: Settings, hist: History, port: int, expected: int, deadline: float) -> Followed:
     from streams.producer import Publisher, make_episode
 
-    seen: dict[str, set] = {"cycles": set(), "created": set()}
+    seen = Followed()
     follower = asyncio.create_task(_follow(settings, seen))
     progress = Progress()
     try:
@@ -113,16 +134,14 @@ async def _stream(settings: Settings, hist: History, port: int, expected: int, d
         total = len(hist.episodes)
         while True:
             stats = await asyncio.to_thread(_get, port, f"/v1/users/{hist.user_id}/stats")
-            if stats["episodes"] < total:
-                progress.show("projecting", stats["episodes"], total)
-            else:
-                progress.show("projecting", total, total)
-                progress.show("reflecting", len(seen["cycles"]), expected)
-                if len(seen["cycles"]) >= expected and stats["reflections"] >= len(seen["created"]):
-                    return
+            progress.show("projecting", min(stats["episodes"], total), total)
+            if stats["episodes"] >= total:
+                progress.show("reflecting", len(seen.cycles), expected)
+                if len(seen.cycles) >= expected and stats["reflections"] >= len(seen.created):
+                    return seen
             if time.monotonic() > deadline:
                 raise TimeoutError(f"demo not finished in {TIMEOUT:.0f} s: {stats}, "
-                                   f"{len(seen['cycles'])}/{expected} cycles completed")
+                                   f"{len(seen.cycles)}/{expected} cycles completed")
             await asyncio.sleep(0.2)
     finally:
         follower.cancel()
@@ -152,7 +171,7 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
                   f"({hist.episodes[0].occurred_at[:10]} to {hist.episodes[-1].occurred_at[:10]}, "
                   f"seed {args.seed}); reasoner {settings.reasoner}, embedder {settings.embedder}",
                   file=sys.stderr, flush=True)
-            asyncio.run(_stream(settings, hist, args.port, expected, started + TIMEOUT))
+            seen = asyncio.run(_stream(settings, hist, args.port, expected, started + TIMEOUT))
             beliefs = _get(args.port, f"/v1/users/{hist.user_id}/beliefs?limit=1000")["beliefs"]
         finally:
             child.send_signal(signal.SIGTERM)
@@ -163,6 +182,8 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
                 child.wait(10)
     scores = score(hist, beliefs)
     return {"user_id": hist.user_id, "episodes": len(hist.episodes), "cycles": expected,
+            "questions": dict(seen.questions.most_common(20)),
+            "insights": {"created": seen.kept, "reinforced": seen.reinforced, "dropped": seen.dropped},
             "reasoner": settings.reasoner, "embedder": settings.embedder, "beliefs": beliefs,
             "patterns": scores, "score": f"{sum(s['found'] for s in scores)}/{len(scores)}",
             "seconds": round(time.monotonic() - started, 1)}
@@ -175,7 +196,8 @@ def render(result: dict[str, Any], hist: History, shown: int = 10, per_belief: i
     depths = sorted({b["depth"] for b in beliefs})
     lines = [f"\n{len(beliefs)} live beliefs (" + ", ".join(
         f"depth {d}: {sum(b['depth'] == d for b in beliefs)}" for d in depths) +
-        f") from {result['cycles']} cycles.\n"]
+        f") from {result['cycles']} cycles; insights created {result['insights']['created']}, "
+        f"reinforcing a belief {result['insights']['reinforced']}, dropped {result['insights']['dropped']}.\n"]
     for n, b in enumerate(beliefs[:shown], start=1):
         lines.append(f"{n:2}. {b['text']}\n    confidence {b['confidence']}, depth {b['depth']}, "
                      f"cites {len(b['evidence_ids'])}:")

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 from processors.accumulator import WINDOW, Accumulator, Trigger, admit
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Candidate, Insight, judge, reflection_id, rerank
-from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, decode
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
 
@@ -124,3 +124,26 @@ def test_offline_reasoner_is_grounded_and_ignores_instructions_in_statements():
     auth = next(i for i in insights if "auth" in i.text)
     assert auth.citations == (1, 2, 5)
     assert reasoner.insights(questions[0], statements) == (insights, usage)  # deterministic
+
+
+def test_a_request_carries_the_window_that_fired_it():
+    trigger = Trigger(threshold=3.0, min_episodes=2, salience_cut=0.5)
+    acc, _ = feed(Accumulator(), [ep(i, 0.1) for i in range(4)], trigger)
+    belief = ReflectionCreated(user_id="u", reflection_id="r1", cycle_id="u:0", text="belief",
+                               evidence_ids=("e0", "e1"), depth=1, importance=0.7, confidence=0.5,
+                               reasoner="offline", prompt_version="offline-v1", question="q?")
+    acc, _ = admit(acc, belief, trigger)
+    acc, [request] = feed(acc, [ep(i, 0.9) for i in range(4, 7)], trigger)
+    assert request.window_episode_ids == tuple(f"e{i}" for i in range(7))
+    assert request.window_reflection_ids == ("r1",)
+    assert decode(request.encode()) == request  # within its contract
+
+
+def test_offline_questions_follow_importance_not_only_frequency():
+    statements = [f"merged the routine cleanup number {i}" for i in range(6)] + \
+                 ["reverted the auth change", "reverted another auth change"]
+    importance = [0.2] * 6 + [0.9, 0.9]
+    questions, _ = OfflineReasoner().questions(statements, 1, importance=importance)
+    assert "auth" in questions[0] or "reverted" in questions[0]
+    questions, _ = OfflineReasoner().questions(statements, 1)
+    assert "cleanup" in questions[0] or "merged" in questions[0] or "routine" in questions[0]

@@ -8,9 +8,9 @@ from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Insight
-from processors.reflector import CycleConfig, run_cycle
+from processors.reflector import CycleConfig, run_cycle, window_records
 from processors.view import EdgeView
-from schemas import EpisodeRecorded, ReflectionCreated, ReflectionReinforced, ReflectionRequested, decode
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionReinforced, ReflectionRequested, decode
 
 TEXTS = ["revert of PR {n}: the auth middleware broke login",
          "revert of PR {n}: auth token refresh failed in staging",
@@ -80,7 +80,7 @@ def test_beliefs_never_cite_another_users_identical_episodes(stack):
 class Broken:
     name, prompt_version = "broken", "v0"
 
-    def questions(self, statements, n=3):
+    def questions(self, statements, n=3, importance=None):
         raise TimeoutError("reasoner did not answer")
 
 
@@ -108,3 +108,39 @@ def test_only_valid_citations_are_persisted(stack):
     ids = {f"alice-{i}" for i in range(8)}
     assert all(set(e.evidence_ids) <= ids and len(e.evidence_ids) >= 2 for e in created)
     assert events[-1].dropped >= 2 * len([q for q in events[-1].questions])
+
+
+def test_a_repeat_on_the_same_evidence_neither_reinforces_nor_duplicates(stack):
+    view, embedder, episodes, reflections = stack
+    window = record(episodes, "alice", 8)
+    config = CycleConfig(max_depth=1)  # no beliefs over beliefs: the second cycle sees what the first saw
+    reflections.apply(run_cycle(request("alice", 1), window, view, embedder, OfflineReasoner(), config))
+    live = list(view.scroll("alice", kind="reflection"))
+    again = run_cycle(request("alice", 2), window, view, embedder, OfflineReasoner(), config)
+    assert not [e for e in again if isinstance(e, (ReflectionCreated, ReflectionReinforced))]
+    assert again[-1].dropped > 0 and list(view.scroll("alice", kind="reflection")) == live
+
+
+def test_window_records_are_read_by_id_and_skip_what_was_retracted(stack):
+    view, embedder, episodes, _ = stack
+    record(episodes, "alice", 4)
+    record(episodes, "bob", 4)
+    episodes.apply([EpisodeRetracted(user_id="alice", episode_id="alice-1")])
+    refs = [("episode", f"alice-{i}") for i in range(4)] + [("episode", "bob-0"), ("reflection", "nope")]
+    assert [r["id"] for r in window_records(view, "alice", refs)] == ["alice-0", "alice-2", "alice-3"]
+
+
+def test_beliefs_at_max_depth_are_not_offered_as_evidence(stack):
+    view, embedder, episodes, reflections = stack
+    window = record(episodes, "alice", 8)
+    for depth in (1, 2):  # a cycle over a view that already holds beliefs reaches depth 2 …
+        made = run_cycle(request("alice", depth), window, view, embedder, OfflineReasoner(),
+                         CycleConfig(duplicate_cosine=1.01))
+        reflections.apply(made)
+        window = window + [{"id": e.reflection_id, "kind": "reflection", "text": e.text}
+                           for e in made if isinstance(e, ReflectionCreated)]
+    depths = {p["depth"] for _, p in view.scroll("alice", kind="reflection")}
+    assert depths == {1, 2}
+    # … and never beyond the cap: nothing deeper is created, however often it runs.
+    made = run_cycle(request("alice", 3), window, view, embedder, OfflineReasoner(), CycleConfig(duplicate_cosine=1.01))
+    assert all(e.depth <= 2 for e in made if isinstance(e, ReflectionCreated))

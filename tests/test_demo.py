@@ -1,0 +1,36 @@
+"""`reflect demo`, the README's main command, end to end: the whole stack on the sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from streams.sample import history
+
+pytestmark = pytest.mark.integration
+
+
+def test_demo_forms_cited_beliefs_that_find_the_planted_patterns():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "demo", "--json"], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    hist = history()
+    assert result["episodes"] == len(hist.episodes) >= 2000 and result["seconds"] < 180
+
+    episodes = {e.episode_id for e in hist.episodes}
+    beliefs = {b["reflection_id"]: b for b in result["beliefs"]}
+    assert beliefs and all(b["status"] == "live" for b in beliefs.values())
+    for b in beliefs.values():  # grounded: at least 2 citations, only the user's own records
+        assert len(b["evidence_ids"]) >= 2 and set(b["evidence_ids"]) <= episodes | set(beliefs)
+        assert b["depth"] == 1 + max(beliefs[e]["depth"] if e in beliefs else 0 for e in b["evidence_ids"])
+    assert {b["depth"] for b in beliefs.values()} == {1, 2}  # beliefs over beliefs, never past max_depth
+
+    found = [p["pattern"] for p in result["patterns"] if p["found"]]
+    assert len(found) >= 3, result["patterns"]
+    assert result["score"] == f"{len(found)}/4"
