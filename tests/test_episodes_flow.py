@@ -217,3 +217,36 @@ def test_worker_restart_mid_stream_continues_the_accumulator(settings, worker):
     run(_publish_many(s, [("fay", f"fay-{i}", f"note {i}", 0.5) for i in range(30, 60)]))
     wait_for(lambda: second.stats("fay").get("cycles") == 1, 60, "exactly one cycle at 30.0")
     assert second.stats("fay")["pending_importance"] == 0.0 and second.stats("fay")["high_salience"] == 60
+
+
+def test_no_cycle_below_the_floor_then_exactly_one_and_a_manual_one(settings, worker):
+    from dataclasses import replace
+
+    s = replace(settings, threshold=3.0, min_episodes=8, salience_cut=0.5)
+    run(ensure_topics(s))
+    w = worker(s)
+    texts = ["the auth deploy needed logs first ({n})", "logs before the auth retry ({n})"]
+    # 7 high-salience episodes: the sum (6.3) is past the threshold, the floor (8) is not.
+    run(_publish_many(s, [("gus", f"gus-{i}", texts[i % 2].format(n=i), 0.9) for i in range(7)]))
+    wait_for(lambda: w.stats("gus").get("high_salience") == 7, 30, "7 episodes admitted")
+    assert w.stats("gus")["cycles"] == 0 and w.stats("gus")["pending_importance"] == 6.3
+    run(_publish_many(s, [("gus", "gus-7", texts[1].format(n=7), 0.9)]))  # the floor is reached
+    wait_for(lambda: w.stats("gus").get("high_salience") == 8, 30, "8th episode admitted")
+    assert w.stats("gus")["cycles"] == 1 and w.stats("gus")["pending_importance"] == 0.0
+    [audit] = [e for e in run(_read_until_cycles(s, 1)) if e["type"] == "ReflectionCycleCompleted"]
+    assert (audit["cycle_id"], audit["why"], audit["outcome"]) == ("gus:1", "threshold", "ok")
+
+    answer = _post(s, "/v1/users/gus/reflect")
+    assert answer["cycle_id"].startswith("gus:manual:")
+    cycles = [e for e in run(_read_until_cycles(s, 2)) if e["type"] == "ReflectionCycleCompleted"]
+    assert cycles[-1]["cycle_id"] == answer["cycle_id"] and cycles[-1]["why"] == "manual"
+    assert w.stats("gus")["cycles"] == 1  # a manual cycle leaves the threshold accumulator alone
+
+
+def _post(settings, path):
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{settings.web_port}{path}", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 202
+        return orjson.loads(answer.read())
