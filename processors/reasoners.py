@@ -102,7 +102,9 @@ class OfflineReasoner:
         return out, Usage()
 
 
-def make_reasoner(name: str) -> Reasoner:
-    if name == "offline":
+def make_reasoner(settings) -> Reasoner:
+    if settings.reasoner == "offline":
         return OfflineReasoner()
-    raise ValueError(f"reasoner {name!r} is not available in this build (REFLECT_REASONER)")
+    from processors.anthropic_reasoner import AnthropicReasoner
+
+    return AnthropicReasoner.from_settings(settings)

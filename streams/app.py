@@ -24,7 +24,7 @@ from processors.view import VectorStore, open_view
 from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
                      ReflectionReinforced, ReflectionRequested, decode)
 from streams import api
-from streams.settings import Settings
+from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("reflect")
 ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted)
@@ -85,7 +85,10 @@ def create_app(settings: Settings) -> Runtime:
     # changelog recovery ("dict has no from_data"), and raw keys came back as bytes.
     accumulators = app.Table("accumulators", default=dict, partitions=settings.partitions)
     trigger, cycle_config = Trigger.from_settings(settings), CycleConfig.from_settings(settings)
-    reasoner = make_reasoner(settings.reasoner)
+    try:
+        reasoner = make_reasoner(settings)
+    except ValueError as exc:
+        raise SettingsError(f"invalid setting reasoner ({exc})") from None
     reflection_projector = ReflectionProjector(view, embedder)
 
     async def dead_letter(message, error: Exception, stage: str) -> None:

@@ -48,6 +48,19 @@ def _broker(raw: str) -> str:
     return url
 
 
+def _count(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+def _model(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._:@-]{1,200}", raw):
+        raise ValueError("a model name is 1–200 of [A-Za-z0-9._:@-]")
+    return raw
+
+
 def _topic(raw: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", raw):
         raise ValueError("a topic name is 1–200 of [A-Za-z0-9._-]")
@@ -116,7 +129,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("web_port", "REFLECT_WEB_PORT", "6066", _positive_int,
          "Port of the worker's HTTP API."),
     Spec("reasoner", "REFLECT_REASONER", "offline", _choice("offline", "anthropic"),
-         "Reasoner of the reflection loop."),
+         "Reasoner of the reflection loop (anthropic needs ANTHROPIC_API_KEY; ANTHROPIC_BASE_URL is honoured)."),
+    Spec("anthropic_model", "REFLECT_ANTHROPIC_MODEL", "claude-haiku-4-5", _model,
+         "Model of the anthropic reasoner."),
+    Spec("reasoner_timeout", "REFLECT_REASONER_TIMEOUT", "30.0", _positive_float,
+         "Seconds one reasoner call may take before it fails."),
+    Spec("reasoner_retries", "REFLECT_REASONER_RETRIES", "2", _count,
+         "Retries (with the SDK's backoff) of a reasoner call on 429/5xx/529 and timeouts."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -150,6 +169,9 @@ class Settings:
     session_timeout: float
     web_port: int
     reasoner: str
+    anthropic_model: str
+    reasoner_timeout: float
+    reasoner_retries: int
     threshold: float
     min_episodes: int
     salience_cut: float

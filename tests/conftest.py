@@ -70,15 +70,15 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class Worker:
     """`reflect worker` as a child process, reached over its HTTP routes."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.settings, self.env = settings, env or {}
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Worker":
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "worker"], env=settings_env(self.settings),
+            [sys.executable, "-m", "streams.cli", "worker"], env={**settings_env(self.settings), **self.env},
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait_for(lambda: self.alive() and (self.get("/healthz") or {}).get("status") == "ok", 60,
                  "worker /healthz ok (partitions assigned, tables recovered)")
@@ -121,8 +121,8 @@ class Worker:
 def worker(settings, tmp_path):
     started: list[Worker] = []
 
-    def start(s: Settings = settings) -> Worker:
-        w = Worker(s, tmp_path / f"worker-{len(started)}.log").start()
+    def start(s: Settings = settings, env: dict[str, str] | None = None) -> Worker:
+        w = Worker(s, tmp_path / f"worker-{len(started)}.log", env).start()
         started.append(w)
         return w
 

@@ -250,3 +250,28 @@ def _post(settings, path):
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 202
         return orjson.loads(answer.read())
+
+
+def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loop(settings, worker):
+    from dataclasses import replace
+
+    from messages_api import MessagesServer, error
+
+    api = MessagesServer([error(500)])  # the reasoner's API is down
+    try:
+        s = replace(settings, threshold=2.0, min_episodes=2, reasoner="anthropic", reasoner_retries=1,
+                    reasoner_timeout=5.0)
+        run(ensure_topics(s))
+        w = worker(s, env={"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url})
+        run(_publish_many(s, [("hal", f"hal-{i}", f"auth deploy note {i}", 0.8) for i in range(3)]))
+        [audit] = [e for e in run(_read_until_cycles(s, 1)) if e["type"] == "ReflectionCycleCompleted"]
+        assert audit["outcome"] == "failed" and audit["reasoner"] == "anthropic" and "500" in audit["error"]
+        assert w.stats("hal")["cycles"] == 1 and w.stats("hal")["pending_importance"] == 0.0  # reset, though it failed
+        assert len(api.requests) == 2  # one call, one retry: then the cycle gave up
+        run(_publish_many(s, [("hal", f"hal-{i}", f"auth deploy note {i}", 0.8) for i in range(3, 6)]))
+        wait_for(lambda: w.stats("hal").get("cycles") == 2, 30, "the next crossing asks again")
+        cycles = [e for e in run(_read_until_cycles(s, 2)) if e["type"] == "ReflectionCycleCompleted"]
+        assert [c["outcome"] for c in cycles] == ["failed", "failed"] and len(api.requests) == 4
+        assert w.stats("hal")["episodes"] == 6  # ingestion went on
+    finally:
+        api.close()
