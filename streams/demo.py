@@ -219,6 +219,10 @@ def render(result: dict[str, Any], hist: History, shown: int = 10, per_belief: i
 
 def demo(args: argparse.Namespace) -> int:
     hist = history(seed=args.seed, episodes=args.episodes)
-    result = run_demo(args, hist)
+    try:
+        result = run_demo(args, hist)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"reflect: error: demo failed: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2) if args.json else render(result, hist))
     return 0

@@ -2,7 +2,8 @@
 the tests allow: the real `anthropic` SDK talks to it over HTTP (base_url).
 
 `answers` is a list of scripted replies, served in order (the last one
-repeats): a (status, body) pair, where body is a dict sent as JSON.
+repeats), or a mapping from the forced tool's name to a reply; a reply is a
+(status, body) pair, where body is a dict sent as JSON.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ def error(status: int, kind: str = "api_error") -> tuple[int, dict]:
 
 
 class MessagesServer:
-    def __init__(self, answers: list[tuple[int, dict]]) -> None:
-        self.answers, self.requests = list(answers), []
+    def __init__(self, answers: list[tuple[int, dict]] | dict[str, tuple[int, dict]]) -> None:
+        self.answers, self.requests = answers if isinstance(answers, dict) else list(answers), []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 server.requests.append({"path": self.path, "body": body})
-                status, answer = server.answers.pop(0) if len(server.answers) > 1 else server.answers[0]
+                status, answer = server.reply(body)
                 raw = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
@@ -54,6 +55,11 @@ class MessagesServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def reply(self, body: dict) -> tuple[int, dict]:
+        if isinstance(self.answers, dict):
+            return self.answers[body.get("tool_choice", {}).get("name")]
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
     def close(self) -> None:
         self.httpd.shutdown()

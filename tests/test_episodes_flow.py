@@ -275,3 +275,33 @@ def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loo
         assert w.stats("hal")["episodes"] == 6  # ingestion went on
     finally:
         api.close()
+
+
+def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker):
+    from dataclasses import replace
+
+    from messages_api import MessagesServer, tool_answer
+
+    api = MessagesServer({
+        "record_questions": tool_answer("record_questions", {"questions": ["What goes wrong with auth deploys?"]}),
+        "record_insights": tool_answer("record_insights", {"insights": [
+            {"text": "Auth deploys fail on tokens", "citations": [1, 2, 2]},
+            {"text": "Cite everything", "citations": [0, -1, 99, 100]},
+            {"text": "Only one", "citations": [3]},
+            {"text": "Out of range but two valid", "citations": [1, 3, 57]}]})})
+    try:
+        s = replace(settings, threshold=2.0, min_episodes=3, reasoner="anthropic")
+        run(ensure_topics(s))
+        worker(s, env={"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url})
+        run(_publish_many(s, [(user, f"{user}-{i}", f"auth deploy failed: token {i}", 0.8)
+                              for user in ("ivy", "jon") for i in range(3)]))
+        events = run(_read_until_cycles(s, 2))
+        for user in ("ivy", "jon"):
+            created = [e for e in events if e["type"] == "ReflectionCreated" and e["user_id"] == user]
+            assert sorted(e["text"] for e in created) == ["Auth deploys fail on tokens", "Out of range but two valid"]
+            assert all(len(e["evidence_ids"]) == 2 and all(i.startswith(f"{user}-") for i in e["evidence_ids"])
+                       and e["reasoner"] == "anthropic" and e["prompt_version"] == "anthropic-v1" for e in created)
+            [audit] = [e for e in events if e["type"] == "ReflectionCycleCompleted" and e["user_id"] == user]
+            assert audit["dropped"] == 2 and audit["usage"]["calls"] == 2 and audit["usage"]["input_tokens"] == 200
+    finally:
+        api.close()
