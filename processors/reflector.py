@@ -50,6 +50,15 @@ def _candidates(view: VectorStore, user_id: str, vector, k: int, max_depth: int)
 SERVED = {"episode": "recorded", "reflection": "live"}
 
 
+def window_refs(request: ReflectionRequested, recent: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(kind, id) of the window a cycle reflects on: the one the accumulator saw
+    when it fired, or — for a manual request, which carries none — the current one."""
+    if request.window_episode_ids is None and request.window_reflection_ids is None:
+        return [(r["kind"], r["id"]) for r in recent]
+    return [("episode", i) for i in request.window_episode_ids or ()] + \
+           [("reflection", i) for i in request.window_reflection_ids or ()]
+
+
 def window_records(view: VectorStore, user_id: str, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     """The (kind, id) records of a window as the view holds them now, oldest first;
     what was retracted or invalidated since is left out."""

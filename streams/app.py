@@ -19,7 +19,7 @@ from processors.accumulator import Accumulator, Trigger, admit
 from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
                                   point_id)
 from processors.reasoners import make_reasoner
-from processors.reflector import CycleConfig, run_cycle, window_records
+from processors.reflector import CycleConfig, run_cycle, window_records, window_refs
 from processors.view import VectorStore, open_view
 from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
                      ReflectionReinforced, ReflectionRequested, decode)
@@ -164,11 +164,7 @@ def create_app(settings: Settings) -> Runtime:
             for request, message in await admitted([event], (ReflectionRequested,)):
                 try:
                     user = request.user_id
-                    if request.window_episode_ids is None and request.window_reflection_ids is None:
-                        refs = [(r["kind"], r["id"]) for r in Accumulator.from_dict(accumulators[user]).recent]
-                    else:  # the window the accumulator saw when it fired
-                        refs = [("episode", i) for i in request.window_episode_ids or ()] + \
-                               [("reflection", i) for i in request.window_reflection_ids or ()]
+                    refs = window_refs(request, Accumulator.from_dict(accumulators[user]).recent)
                     await visible([{"kind": kind, "id": rid, "user_id": user} for kind, rid in refs])
                     window = window_records(view, user, refs)
                     made = run_cycle(request, window, view, embedder, reasoner, cycle_config)
