@@ -7,6 +7,9 @@ Whatever the model answers, `reflection.judge` still decides what is kept:
 only in-range citations of the evidence shown, at least the citation floor.
 Anything that cannot be read raises ReasonerError, which fails the cycle
 (reported in its audit event) and never the worker.
+
+Batched mode (the default) asks for the insights of all a cycle's questions in
+one call: 2 calls per cycle instead of 1 + one per question.
 """
 
 from __future__ import annotations
@@ -38,17 +41,79 @@ INSIGHTS_TOOL = {
                 "text": {"type": "string"},
                 "citations": {"type": "array", "items": {"type": "integer"}}}}}}},
 }
+BATCH_TOOL = {
+    "name": "record_insights",
+    "description": "Record the insights, each with the question it answers and the statement numbers it cites.",
+    "input_schema": {"type": "object", "required": ["insights"], "properties": {
+        "insights": {"type": "array", "items": {
+            "type": "object", "required": ["question", "text", "citations"], "properties": {
+                "question": {"type": "integer"},
+                "text": {"type": "string"},
+                "citations": {"type": "array", "items": {"type": "integer"}}}}}}},
+}
+# USD per million tokens: input, output, cache write (5 min), cache read — the
+# public list prices of 2026; REFLECT_ANTHROPIC_PRICE overrides them.
+PRICES = {
+    "claude-haiku-4-5": (1.0, 5.0, 1.25, 0.10),
+    "claude-sonnet-4-5": (3.0, 15.0, 3.75, 0.30),
+    "claude-sonnet-4": (3.0, 15.0, 3.75, 0.30),
+    "claude-opus-4-5": (5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-1": (15.0, 75.0, 18.75, 1.50),
+    "claude-opus-4": (15.0, 75.0, 18.75, 1.50),
+    "claude-3-5-haiku": (0.80, 4.0, 1.0, 0.08),
+}
 _FENCED = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
 
 
 class ReasonerError(Exception):
-    """The model's answer could not be used (or the API could not be reached)."""
+    """The model's answer could not be used, or (unavailable=True) the API did
+    not answer even after the SDK's retries — what the circuit breaker counts."""
+
+    def __init__(self, message: str, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+def price_of(model: str, override: tuple[float, ...] | None = None) -> tuple[float, ...] | None:
+    """Prices of a model id (dated ids such as claude-haiku-4-5-20251001 included)."""
+    if override:
+        return override
+    known = [name for name in PRICES if model == name or model.startswith(name + "-")]
+    return PRICES[max(known, key=len)] if known else None
+
+
+def usage_of(used, price: tuple[float, ...] | None) -> Usage:
+    """One call's Usage from the API's usage block."""
+    read = getattr(used, "cache_read_input_tokens", 0) or 0
+    write = getattr(used, "cache_creation_input_tokens", 0) or 0
+    tokens = (used.input_tokens, used.output_tokens, write, read)
+    cost = None if price is None else sum(t * p for t, p in zip(tokens, price)) / 1e6
+    return Usage(1, used.input_tokens, used.output_tokens, read, write, cost)
+
+
+def _insight(item: Any) -> Insight | None:
+    if isinstance(item, dict) and isinstance(item.get("text"), str) and isinstance(item.get("citations"), list):
+        return Insight(item["text"].strip(), tuple(c for c in item["citations"] if _is_int(c)))
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _escaped(text: str) -> str:
+    # A statement can neither close its block nor start a line that looks like
+    # another numbered statement.
+    return " ".join(text.replace("<", "‹").replace(">", "›").split())
 
 
 def numbered(statements: Sequence[str]) -> str:
-    # Angle brackets are escaped so a statement cannot close the data block.
-    lines = (f"{i}. {s.replace('<', '‹').replace('>', '›')}" for i, s in enumerate(statements, start=1))
-    return "<statements>\n" + "\n".join(lines) + "\n</statements>"
+    return _block("statements", statements)
+
+
+def _block(tag: str, items: Sequence[str]) -> str:
+    lines = (f"{i}. {_escaped(s)}" for i, s in enumerate(items, start=1))
+    return f"<{tag}>\n" + "\n".join(lines) + f"\n</{tag}>"
 
 
 def answer_json(content: Sequence[Any], tool: str) -> dict[str, Any]:
@@ -72,8 +137,10 @@ class AnthropicReasoner:
     name = "anthropic"
     prompt_version = PROMPT_VERSION
 
-    def __init__(self, client, model: str, max_tokens: int = 1024) -> None:
-        self.client, self.model, self.max_tokens = client, model, max_tokens
+    def __init__(self, client, model: str, max_tokens: int = 1024, batched: bool = True,
+                 price: tuple[float, ...] | None = None) -> None:
+        self.client, self.model, self.max_tokens, self.batched = client, model, max_tokens, batched
+        self.price = price_of(model, price)
 
     @classmethod
     def from_settings(cls, settings) -> "AnthropicReasoner":
@@ -85,43 +152,53 @@ class AnthropicReasoner:
         # The SDK reads ANTHROPIC_BASE_URL itself; it retries 429/5xx/529 with backoff.
         client = anthropic.Anthropic(api_key=key, max_retries=settings.reasoner_retries,
                                      timeout=settings.reasoner_timeout)
-        return cls(client, settings.anthropic_model)
+        return cls(client, settings.anthropic_model, batched=settings.reasoner_batch == "batched",
+                   price=settings.anthropic_price)
 
-    def _ask(self, prompt: str, n: int, data: str, tool: dict) -> tuple[dict[str, Any], Usage]:
+    def _ask(self, prompt: str, n: int, data: str, tool: dict, max_tokens: int) -> tuple[dict[str, Any], Usage]:
         import anthropic
 
         system = (PROMPTS / prompt).read_text().replace("{n}", str(n))
         try:
             answer = self.client.messages.create(
-                model=self.model, max_tokens=self.max_tokens,
+                model=self.model, max_tokens=max_tokens,
                 # The stable prefix (system prompt, tools) is cached across calls.
                 system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
                 tools=[tool], tool_choice={"type": "tool", "name": tool["name"]},
                 messages=[{"role": "user", "content": data}])
         except anthropic.APIError as exc:
-            raise ReasonerError(f"{type(exc).__name__}: {exc}") from None
-        used = answer.usage
-        usage = Usage(1, used.input_tokens, used.output_tokens, getattr(used, "cache_read_input_tokens", 0) or 0)
-        return answer_json(answer.content, tool["name"]), usage
+            raise ReasonerError(f"{type(exc).__name__}: {exc}", unavailable=True) from None
+        return answer_json(answer.content, tool["name"]), usage_of(answer.usage, self.price)
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:
-        data, usage = self._ask("questions.md", n, numbered(statements), QUESTIONS_TOOL)
+        data, usage = self._ask("questions.md", n, numbered(statements), QUESTIONS_TOOL, self.max_tokens)
         questions = data.get("questions")
         if not isinstance(questions, list):
             raise ReasonerError("answer has no list of questions")
         return [q.strip()[:2000] for q in questions if isinstance(q, str) and q.strip()][:n], usage
 
     def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]:
-        safe_question = question.replace("<", "‹").replace(">", "›")
-        data, usage = self._ask("insights.md", n, f"Question: {safe_question}\n{numbered(statements)}",
-                                INSIGHTS_TOOL)
-        items = data.get("insights")
-        if not isinstance(items, list):
-            raise ReasonerError("answer has no list of insights")
-        out = []
-        for item in items[:n]:
-            if isinstance(item, dict) and isinstance(item.get("text"), str) and isinstance(item.get("citations"), list):
-                cited = tuple(c for c in item["citations"] if isinstance(c, int) and not isinstance(c, bool))
-                out.append(Insight(item["text"].strip(), cited))
+        data, usage = self._ask("insights.md", n, f"Question: {_escaped(question)}\n{numbered(statements)}",
+                                INSIGHTS_TOOL, self.max_tokens)
+        return [i for i in map(_insight, _items(data)[:n]) if i], usage
+
+    def insights_for(self, questions: Sequence[str], statements: Sequence[str],
+                     n: int = 5) -> tuple[list[tuple[int, Insight]], Usage]:
+        data, usage = self._ask("insights_batch.md", n, f"{_block('questions', questions)}\n{numbered(statements)}",
+                                BATCH_TOOL, self.max_tokens * len(questions))
+        out, per_question = [], [0] * len(questions)
+        for item in _items(data):
+            insight, asked = _insight(item), item.get("question") if isinstance(item, dict) else None
+            # The question number is the model's word too: out of range, the insight is dropped.
+            if insight and _is_int(asked) and 1 <= asked <= len(questions) and per_question[asked - 1] < n:
+                per_question[asked - 1] += 1
+                out.append((asked - 1, insight))
         return out, usage
+
+
+def _items(data: dict[str, Any]) -> list[Any]:
+    items = data.get("insights")
+    if not isinstance(items, list):
+        raise ReasonerError("answer has no list of insights")
+    return items

@@ -20,19 +20,36 @@ from processors.reflection import Insight
 
 @dataclass(frozen=True)
 class Usage:
+    """What a cycle spent: calls and tokens as the API bills them (input_tokens
+    excludes the cached prefix, read or written), and their estimated cost."""
+
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # cache reads
+    cache_write_tokens: int = 0
+    cost_usd: float | None = 0.0  # None: no price known for the model
 
     def __add__(self, other: "Usage") -> "Usage":
+        cost = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
         return Usage(self.calls + other.calls, self.input_tokens + other.input_tokens,
-                     self.output_tokens + other.output_tokens, self.cached_tokens + other.cached_tokens)
+                     self.output_tokens + other.output_tokens, self.cached_tokens + other.cached_tokens,
+                     self.cache_write_tokens + other.cache_write_tokens, cost)
+
+    def to_dict(self) -> dict:
+        return {"calls": self.calls, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens,
+                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6)}
 
 
 class Reasoner(Protocol):
+    """`batched` reasoners also answer `insights_for`: all questions of a cycle in
+    one call, over the union of their evidence, each insight tagged with the
+    0-based index of its question."""
+
     name: str
     prompt_version: str
+    batched: bool
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]: ...
@@ -69,6 +86,7 @@ def _shared_terms(statements: Sequence[str]) -> list[tuple[str, list[int]]]:
 class OfflineReasoner:
     name = "offline"
     prompt_version = "offline-v1"
+    batched = False  # it makes no calls, so there is nothing to save
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:

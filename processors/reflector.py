@@ -2,7 +2,9 @@
 
 `run_cycle` reads only through the view port and the reasoner port and returns
 the events to publish; the agent publishes them. Every cycle ends with a
-ReflectionCycleCompleted, failed ones included.
+ReflectionCycleCompleted, failed ones included; its outcome is ok, empty (no
+belief survived), failed (an answer could not be used), unavailable (the
+reasoner's API did not answer) or refused (budget spent, breaker open).
 """
 
 from __future__ import annotations
@@ -83,11 +85,11 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         questions, used = reasoner.questions([r["text"] for r in window], config.questions,
                                              importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
-        for question in questions:
-            pool = _candidates(view, user, embedder.embed([question])[0], config.top_k * 4, config.max_depth)
-            evidence = rerank(pool, clock(), config.top_k, config.weights)
-            insights, used = reasoner.insights(question, [c.text for c in evidence], config.insights)
-            usage += used
+        asked = [(q, rerank(_candidates(view, user, embedder.embed([q])[0], config.top_k * 4, config.max_depth),
+                            clock(), config.top_k, config.weights)) for q in questions]
+        answers, used = _insights(reasoner, asked, config.insights)
+        usage += used
+        for question, evidence, insights in answers:
             verdict = judge(user, cycle, insights, evidence, config.citation_floor, config.max_depth)
             dropped += len(verdict.dropped)
             for belief in verdict.kept:
@@ -107,15 +109,41 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                 out.append(event)
         outcome, error = ("ok" if out else "empty"), None
     except Exception as exc:  # a failed cycle is reported, never retried in a loop
-        outcome, error, out = "failed", f"{type(exc).__name__}: {exc}"[:2000], []
-    out.append(ReflectionCycleCompleted(
-        event_id=f"cycle:{cycle}", user_id=user, cycle_id=cycle, why=request.why,
-        questions=tuple(q[:2000] for q in questions), kept=kept, reinforced=reinforced, dropped=dropped,
-        duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
-        reasoner=reasoner.name, error=error,
-        usage={"calls": usage.calls, "input_tokens": usage.input_tokens,
-               "output_tokens": usage.output_tokens, "cached_tokens": usage.cached_tokens}))
+        outcome = "unavailable" if getattr(exc, "unavailable", False) else "failed"
+        error, out = f"{type(exc).__name__}: {exc}"[:2000], []
+    out.append(_completed(request, reasoner, outcome, error, usage, started, questions=questions,
+                          kept=kept, reinforced=reinforced, dropped=dropped))
     return out
+
+
+def refused(request: ReflectionRequested, reasoner: Reasoner, reason: str) -> ReflectionCycleCompleted:
+    """The audit event of a cycle that did not call the reasoner at all."""
+    return _completed(request, reasoner, "refused", reason, Usage(), time.perf_counter())
+
+
+def _completed(request, reasoner, outcome, error, usage, started, questions=(), kept=0, reinforced=0,
+               dropped=0) -> ReflectionCycleCompleted:
+    return ReflectionCycleCompleted(
+        event_id=f"cycle:{request.cycle_id}", user_id=request.user_id, cycle_id=request.cycle_id,
+        why=request.why, questions=tuple(q[:2000] for q in questions), kept=kept, reinforced=reinforced,
+        dropped=dropped, duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
+        reasoner=reasoner.name, error=error, usage=usage.to_dict())
+
+
+def _insights(reasoner: Reasoner, asked, n: int):
+    """(question, evidence, insights) per question, and the usage: one call for
+    all questions when the reasoner batches — over the union of their evidence,
+    so citations number one list — else one call per question."""
+    if getattr(reasoner, "batched", False) and asked:
+        pool = list({c.id: c for _, evidence in asked for c in evidence}.values())
+        tagged, usage = reasoner.insights_for([q for q, _ in asked], [c.text for c in pool], n)
+        return [(q, pool, [i for k, i in tagged if k == index]) for index, (q, _) in enumerate(asked)], usage
+    answers, usage = [], Usage()
+    for question, evidence in asked:
+        insights, used = reasoner.insights(question, [c.text for c in evidence], n)
+        answers.append((question, evidence, insights))
+        usage += used
+    return answers, usage
 
 
 def _belief_event(request, belief, vector, question, view, reasoner, config) -> Event | None:

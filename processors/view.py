@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
@@ -259,9 +260,30 @@ class QdrantView:
         self.client.close()
 
 
+class Serialized:
+    """A view shared by the event loop and the reflector's thread, one call at a
+    time: neither Qdrant Edge's binding nor qdrant-client's local mode promises
+    thread safety, and each call is short (the long wait is the reasoner's)."""
+
+    def __init__(self, view: VectorStore) -> None:
+        self._view, self._lock = view, threading.Lock()
+
+    def __getattr__(self, name: str):
+        method = getattr(self._view, name)
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                result = method(*args, **kwargs)
+                # A lazy scroll would read the view after the lock is released.
+                return iter(list(result)) if isinstance(result, Iterator) else result
+
+        return locked
+
+
 def open_view(settings, dim: int) -> VectorStore:
     """The view the settings name: a Qdrant server if qdrant_url is set, else Edge."""
     if settings.qdrant_url:
-        return QdrantView.connect(settings.qdrant_url, settings.view, dim,
-                                  api_key=os.environ.get("QDRANT_API_KEY"))
-    return EdgeView(settings.view_dir, settings.view, dim)
+        view = QdrantView.connect(settings.qdrant_url, settings.view, dim, api_key=os.environ.get("QDRANT_API_KEY"))
+    else:
+        view = EdgeView(settings.view_dir, settings.view, dim)
+    return Serialized(view)

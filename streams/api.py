@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 from faust.web import Request, Response, View
 
 from processors.accumulator import Accumulator
+from processors.guard import Spend, day_of
 from processors.projector import point_id
 from schemas import ContractError, ReflectionRequested, new_id, now
 from streams.producer import make_episode, make_retraction
@@ -95,7 +97,7 @@ def live_beliefs(view, user_id: str, limit: int) -> list[dict[str, Any]]:
     return found[:limit]
 
 
-def install(runtime, accumulators, episodes_topic, requests_topic) -> None:
+def install(runtime, accumulators, spend, episodes_topic, requests_topic) -> None:
     app, view = runtime.app, runtime.view
 
     async def publish(topic, event) -> None:
@@ -186,4 +188,22 @@ def install(runtime, accumulators, episodes_topic, requests_topic) -> None:
                 "pending_importance": round(acc.pending, 6),
                 "high_salience": acc.high_salience,
                 "cycles": acc.cycles,
+                "tokens_today": Spend.from_dict(spend.get(f"user:{user_id}")).today(day_of(datetime.now(timezone.utc))),
+            })
+
+    @app.page("/v1/reasoner")
+    class ReasonerState(View):
+        @answers_json
+        async def get(self, request: Request) -> Response:
+            """This worker's reasoner: its settings, breaker and figures since start."""
+            tally, breaker, budget = runtime.tally, runtime.breaker, runtime.budget
+            return self.json({
+                "reasoner": runtime.reasoner.name, "prompt_version": runtime.reasoner.prompt_version,
+                "model": getattr(runtime.reasoner, "model", None),
+                "batched": runtime.reasoner.batched,
+                "breaker": {"state": breaker.state, "consecutive_failures": breaker.consecutive},
+                "budget": {"user_daily_tokens": budget.user_tokens,
+                           "partition_daily_tokens": budget.partition_tokens},
+                "cycles": tally.cycles, "calls": tally.calls, "tokens": tally.tokens,
+                "cost_usd": round(tally.cost_usd, 6), "last_error": tally.last_error,
             })

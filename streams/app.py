@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime, timezone
 from pathlib import Path
 from dataclasses import dataclass
 
@@ -16,10 +17,11 @@ import faust
 from processors.dlq import dead_letter_headers
 from processors.embedders import Embedder, make_embedder
 from processors.accumulator import Accumulator, Trigger, admit
+from processors.guard import Breaker, Budget, Spend, Tally, day_of, tokens_of
 from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
                                   point_id)
-from processors.reasoners import make_reasoner
-from processors.reflector import CycleConfig, run_cycle, window_records, window_refs
+from processors.reasoners import Reasoner, make_reasoner
+from processors.reflector import CycleConfig, refused, run_cycle, window_records, window_refs
 from processors.view import VectorStore, open_view
 from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
                      ReflectionReinforced, ReflectionRequested, decode)
@@ -36,6 +38,10 @@ class Runtime:
     app: faust.App
     view: VectorStore
     embedder: Embedder
+    reasoner: Reasoner
+    breaker: Breaker
+    budget: Budget
+    tally: Tally
 
 
 def faust_app(settings: Settings) -> faust.App:
@@ -70,7 +76,6 @@ def create_app(settings: Settings) -> Runtime:
     app = faust_app(settings)
     embedder = make_embedder(settings.embedder)
     view = open_view(settings, embedder.dim)
-    runtime = Runtime(settings, app, view, embedder)
     projector = EpisodeProjector(view, embedder)
 
     def raw_topic(*names: str):
@@ -90,6 +95,13 @@ def create_app(settings: Settings) -> Runtime:
     except ValueError as exc:
         raise SettingsError(f"invalid setting reasoner ({exc})") from None
     reflection_projector = ReflectionProjector(view, embedder)
+    runtime = Runtime(settings, app, view, embedder, reasoner,
+                      Breaker(settings.breaker_failures, settings.breaker_cooldown), Budget.from_settings(settings),
+                      Tally())
+    # Tokens spent today, by "user:<id>" and "partition:<n>" (of the requests
+    # topic): written only while handling that partition's requests, so each
+    # key has one writer and its changelog partition.
+    spend = app.Table("reasoner-spend", default=dict, partitions=settings.partitions)
 
     async def dead_letter(message, error: Exception, stage: str) -> None:
         log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition,
@@ -158,18 +170,37 @@ def create_app(settings: Settings) -> Runtime:
             await asyncio.sleep(0.05)
         log.warning("view still behind after %.0f s; the cycle goes on with what it sees", timeout)
 
+    async def cycle(request: ReflectionRequested, partition: int) -> list:
+        """One cycle's events: refused when a budget is spent or the breaker is
+        open; else run off the event loop (a reasoner call can take seconds, and
+        the loop must keep heartbeats, projectors and the API going)."""
+        user, day, clock = request.user_id, day_of(now_utc()), asyncio.get_running_loop().time
+        keys = (f"user:{user}", f"partition:{partition}")
+        spent = [Spend.from_dict(spend[k]) for k in keys]
+        reason = runtime.budget.refusal(*(s.today(day) for s in spent)) or runtime.breaker.refusal(clock())
+        if reason:
+            return [refused(request, reasoner, reason)]
+        refs = window_refs(request, Accumulator.from_dict(accumulators[user]).recent)
+        await visible([{"kind": kind, "id": rid, "user_id": user} for kind, rid in refs])
+        window = window_records(view, user, refs)
+        made = await asyncio.to_thread(run_cycle, request, window, view, embedder, reasoner, cycle_config)
+        completed = made[-1]
+        runtime.breaker.record(completed.outcome == "unavailable", clock())
+        for key, s in zip(keys, spent):
+            spend[key] = s.charged(day, tokens_of(completed.usage)).to_dict()
+        return made
+
     @app.agent(requests, name="reflector")
     async def reflect(stream):
         async for event in stream.events():
             for request, message in await admitted([event], (ReflectionRequested,)):
                 try:
-                    user = request.user_id
-                    refs = window_refs(request, Accumulator.from_dict(accumulators[user]).recent)
-                    await visible([{"kind": kind, "id": rid, "user_id": user} for kind, rid in refs])
-                    window = window_records(view, user, refs)
-                    made = run_cycle(request, window, view, embedder, reasoner, cycle_config)
+                    made = await cycle(request, message.partition)
                     for out in made:
                         await reflections.send(key=out.user_id.encode(), value=out.encode())
+                    runtime.tally.add(made[-1])
+                    if made[-1].outcome in ("failed", "unavailable", "refused"):
+                        log.warning("cycle %s %s: %s", request.cycle_id, made[-1].outcome, made[-1].error)
                     await visible(made)
                 except Exception as error:  # a crashed agent would skip the request silently
                     log.exception("cycle %s failed outside the reasoner", request.cycle_id)
@@ -179,8 +210,12 @@ def create_app(settings: Settings) -> Runtime:
     async def close_view(app, **kwargs) -> None:
         view.close()
 
-    api.install(runtime, accumulators, episodes, requests)
+    api.install(runtime, accumulators, spend, episodes, requests)
     return runtime
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) -> None:

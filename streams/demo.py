@@ -94,6 +94,8 @@ class Followed:
     reinforced: int = 0
     dropped: int = 0
     questions: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    outcomes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    usage: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 async def _follow(settings: Settings, seen: Followed) -> None:
@@ -113,6 +115,8 @@ async def _follow(settings: Settings, seen: Followed) -> None:
                     seen.reinforced += event.reinforced or 0
                     seen.dropped += event.dropped
                     seen.questions.update(event.questions)
+                    seen.outcomes[event.outcome] += 1
+                    seen.usage.update({k: v for k, v in event.usage.items() if isinstance(v, (int, float))})
                 elif isinstance(event, ReflectionCreated):
                     seen.created.add(event.reflection_id)
     finally:
@@ -184,6 +188,7 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
     return {"user_id": hist.user_id, "episodes": len(hist.episodes), "cycles": expected,
             "questions": dict(seen.questions.most_common(20)),
             "insights": {"created": seen.kept, "reinforced": seen.reinforced, "dropped": seen.dropped},
+            "outcomes": dict(seen.outcomes), "usage": dict(seen.usage),
             "reasoner": settings.reasoner, "embedder": settings.embedder, "beliefs": beliefs,
             "patterns": scores, "score": f"{sum(s['found'] for s in scores)}/{len(scores)}",
             "seconds": round(time.monotonic() - started, 1)}
@@ -213,6 +218,11 @@ def render(result: dict[str, Any], hist: History, shown: int = 10, per_belief: i
         mark = "found  " if s["found"] else "MISSED "
         lines.append(f"  {mark}{s['pattern']:<20} best belief cites {s['cited']} of its {s['episodes']} "
                      f"episodes (precision {s['precision']:.2f})")
+    if result["usage"].get("calls"):
+        used = result["usage"]
+        lines.append(f"\nReasoner: {used['calls']} calls, {used.get('input_tokens', 0)} input / "
+                     f"{used.get('output_tokens', 0)} output / {used.get('cached_tokens', 0)} cached tokens, "
+                     f"about ${used.get('cost_usd', 0):.4f}; cycles by outcome {result['outcomes']}.")
     lines.append(f"\nScore: {result['score']} patterns found, in {result['seconds']} s.")
     return "\n".join(lines)
 

@@ -76,6 +76,18 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+def _prices(raw: str) -> tuple[float, ...] | None:
+    if raw == "":
+        return None
+    try:
+        prices = tuple(float(x) for x in raw.split(","))
+    except ValueError:
+        prices = ()
+    if len(prices) != 4 or any(p < 0 for p in prices):
+        raise ValueError("expected four USD-per-million-token prices: input,output,cache_write,cache_read")
+    return prices
+
+
 def _optional_url(raw: str) -> str | None:
     if raw == "":
         return None
@@ -136,6 +148,18 @@ SPECS: tuple[Spec, ...] = (
          "Seconds one reasoner call may take before it fails."),
     Spec("reasoner_retries", "REFLECT_REASONER_RETRIES", "2", _count,
          "Retries (with the SDK's backoff) of a reasoner call on 429/5xx/529 and timeouts."),
+    Spec("reasoner_batch", "REFLECT_REASONER_BATCH", "batched", _choice("batched", "per-question"),
+         "batched: one call for the insights of all a cycle's questions; per-question: one call each."),
+    Spec("anthropic_price", "REFLECT_ANTHROPIC_PRICE", "", _prices,
+         "input,output,cache_write,cache_read USD per million tokens; empty: the list price of the model."),
+    Spec("user_daily_tokens", "REFLECT_USER_DAILY_TOKENS", "0", _count,
+         "Tokens one user's cycles may spend per UTC day (0: no limit)."),
+    Spec("daily_tokens", "REFLECT_DAILY_TOKENS", "0", _count,
+         "Tokens all cycles may spend per UTC day, split evenly over partitions (0: no limit)."),
+    Spec("breaker_failures", "REFLECT_BREAKER_FAILURES", "3", _positive_int,
+         "Consecutive cycles the API fails (after retries) before the breaker opens."),
+    Spec("breaker_cooldown", "REFLECT_BREAKER_COOLDOWN", "60.0", _positive_float,
+         "Seconds an open breaker fails cycles fast before it lets one call try again."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -172,6 +196,12 @@ class Settings:
     anthropic_model: str
     reasoner_timeout: float
     reasoner_retries: int
+    reasoner_batch: str
+    anthropic_price: tuple[float, ...] | None
+    user_daily_tokens: int
+    daily_tokens: int
+    breaker_failures: int
+    breaker_cooldown: float
     threshold: float
     min_episodes: int
     salience_cut: float
@@ -201,7 +231,7 @@ class Settings:
         env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("REFLECT_")}
         for spec in SPECS:
             value = getattr(self, spec.name)
-            env[spec.env] = "" if value is None else str(value)
+            env[spec.env] = "" if value is None else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
         return env
 
     @property

@@ -2,22 +2,26 @@
 the tests allow: the real `anthropic` SDK talks to it over HTTP (base_url).
 
 `answers` is a list of scripted replies, served in order (the last one
-repeats), or a mapping from the forced tool's name to a reply; a reply is a
-(status, body) pair, where body is a dict sent as JSON.
+repeats), a mapping from the forced tool's name to a reply, or a function of
+the request body; a reply is a (status, body) pair, where body is a dict sent
+as JSON. `delay` seconds pass before each reply (a slow API).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def message(content: list[dict], input_tokens: int = 100, output_tokens: int = 20, cached: int = 0) -> dict:
+def message(content: list[dict], input_tokens: int = 100, output_tokens: int = 20, cached: int = 0,
+            cache_write: int = 0) -> dict:
     return {"id": "msg_test", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
             "content": content, "stop_reason": "tool_use", "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                      "cache_read_input_tokens": cached}}
+                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": cache_write}}
 
 
 def tool_answer(name: str, data: dict, **usage) -> tuple[int, dict]:
@@ -32,22 +36,68 @@ def error(status: int, kind: str = "api_error") -> tuple[int, dict]:
     return status, {"type": "error", "error": {"type": kind, "message": f"scripted {status}"}}
 
 
+def _numbered(tag: str, text: str) -> list[str]:
+    block = re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.S)
+    return [line.split(". ", 1)[1] for line in block.group(1).split("\n")] if block else []
+
+
+class OfflineModel:
+    """A model that answers from the request alone, as the offline reasoner
+    would: the full path (prompt, tool, parsing, judging) with real content.
+    Token counts are characters / 4. As the API does, it caches a system
+    prompt only from a minimum length on (1,024 tokens here): the first call
+    writes the cache, later ones read it."""
+
+    MIN_CACHED = 1024
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, body: dict) -> tuple[int, dict]:
+        from processors.reasoners import OfflineReasoner
+
+        offline, tool = OfflineReasoner(), body["tool_choice"]["name"]
+        data, system = body["messages"][0]["content"], body["system"][0]["text"]
+        statements, questions = _numbered("statements", data), _numbered("questions", data)
+        if tool == "record_questions":
+            answer = {"questions": offline.questions(statements)[0]}
+        elif questions:  # the batched prompt
+            answer = {"insights": [{"question": q, "text": i.text, "citations": list(i.citations)}
+                                   for q, question in enumerate(questions, start=1)
+                                   for i in offline.insights(question, statements)[0]]}
+        else:
+            question = data.split("\n", 1)[0].removeprefix("Question: ")
+            answer = {"insights": [{"text": i.text, "citations": list(i.citations)}
+                                   for i in offline.insights(question, statements)[0]]}
+        prefix, cached = len(system) // 4, system in self.seen
+        if prefix < self.MIN_CACHED:
+            prefix = 0
+        self.seen.add(system)
+        return tool_answer(tool, answer, input_tokens=len(data) // 4, output_tokens=len(json.dumps(answer)) // 4,
+                           cached=prefix if cached else 0, cache_write=0 if cached else prefix)
+
+
 class MessagesServer:
-    def __init__(self, answers: list[tuple[int, dict]] | dict[str, tuple[int, dict]]) -> None:
-        self.answers, self.requests = answers if isinstance(answers, dict) else list(answers), []
+    def __init__(self, answers, delay: float = 0.0) -> None:
+        self.answers = answers if isinstance(answers, dict) or callable(answers) else list(answers)
+        self.delay, self.requests = delay, []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 server.requests.append({"path": self.path, "body": body})
+                time.sleep(server.delay)
                 status, answer = server.reply(body)
                 raw = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a timeout test)
 
             def log_message(self, *args) -> None:
                 pass
@@ -57,6 +107,8 @@ class MessagesServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def reply(self, body: dict) -> tuple[int, dict]:
+        if callable(self.answers):
+            return self.answers(body)
         if isinstance(self.answers, dict):
             return self.answers[body.get("tool_choice", {}).get("name")]
         return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]

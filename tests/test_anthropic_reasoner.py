@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import anthropic
 import pytest
 
-from messages_api import MessagesServer, error, text_answer, tool_answer
-from processors.anthropic_reasoner import PROMPT_VERSION, AnthropicReasoner, ReasonerError
+from messages_api import MessagesServer, OfflineModel, error, text_answer, tool_answer
+from processors.anthropic_reasoner import (PROMPT_VERSION, AnthropicReasoner, ReasonerError, price_of,
+                                           usage_of)
+from processors.embedders import HashingEmbedder
+from processors.guard import Breaker, Budget, Spend
+from processors.projector import EpisodeProjector
 from processors.reflection import Candidate, judge
+from processors.reflector import CycleConfig, run_cycle, window_records
+from processors.view import EdgeView
+from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
 from streams.settings import Settings, SettingsError
 
 STATEMENTS = ["reverted PR 12: auth broke login", "reverted PR 31: auth token refresh",
@@ -71,3 +81,90 @@ def test_selecting_anthropic_without_a_key_is_a_start_up_error(monkeypatch, tmp_
     settings = Settings.load(env={}, reasoner="anthropic", data_dir=str(tmp_path))
     with pytest.raises(SettingsError, match="ANTHROPIC_API_KEY"):
         create_app(settings)
+
+
+def test_a_529_then_success_is_retried_by_the_sdk(serve):
+    server, reasoner = serve(error(529, "overloaded_error"), tool_answer("record_questions", {"questions": ["Q?"]}))
+    assert reasoner.questions(STATEMENTS)[0] == ["Q?"] and len(server.requests) == 2
+
+
+def test_a_slow_api_fails_within_the_configured_timeout():
+    server = MessagesServer([tool_answer("record_questions", {"questions": ["Q?"]})], delay=3.0)
+    try:
+        client = anthropic.Anthropic(api_key="k", base_url=server.url, max_retries=0, timeout=0.5)
+        started = time.perf_counter()
+        with pytest.raises(ReasonerError, match="Timeout") as failed:
+            AnthropicReasoner(client, "claude-haiku-4-5").questions(STATEMENTS)
+        assert failed.value.unavailable and time.perf_counter() - started < 2.5
+    finally:
+        server.close()
+
+
+def test_usage_carries_cache_writes_and_a_cost_estimate_from_the_model_price():
+    used = SimpleNamespace(input_tokens=1000, output_tokens=200, cache_read_input_tokens=3000,
+                           cache_creation_input_tokens=500)
+    usage = usage_of(used, price_of("claude-haiku-4-5-20251001"))
+    assert (usage.cached_tokens, usage.cache_write_tokens) == (3000, 500)
+    assert usage.cost_usd == pytest.approx((1000 * 1 + 200 * 5 + 500 * 1.25 + 3000 * 0.1) / 1e6)
+    assert price_of("claude-sonnet-4-5") == (3.0, 15.0, 3.75, 0.30) and price_of("my-model") is None
+    assert (usage + usage_of(used, None)).cost_usd is None  # an unknown price is not a zero cost
+    assert price_of("my-model", (1.0, 2.0, 3.0, 4.0)) == (1.0, 2.0, 3.0, 4.0)
+
+
+def test_batched_answers_keep_only_insights_of_a_question_that_was_asked(serve):
+    _, reasoner = serve(tool_answer("record_insights", {"insights": [
+        {"question": 1, "text": "Reverts touch auth", "citations": [1, 2]},
+        {"question": 3, "text": "No such question", "citations": [1, 2]},
+        {"question": True, "text": "Not a number", "citations": [1, 2]},
+        {"question": 2, "text": "Second", "citations": [2, 1]}]}))
+    tagged, usage = reasoner.insights_for(["Q1?", "Q2?"], STATEMENTS, 5)
+    assert [(k, i.text) for k, i in tagged] == [(0, "Reverts touch auth"), (1, "Second")] and usage.calls == 1
+
+
+@pytest.mark.parametrize("batched, calls", [(True, 2), (False, 4)])
+def test_a_cycle_costs_two_calls_batched_and_one_plus_one_per_question_otherwise(tmp_path, batched, calls):
+    view, embedder = EdgeView(tmp_path, "reflect", 384), HashingEmbedder()
+    server = MessagesServer(OfflineModel())
+    try:
+        texts = ["revert of PR {n}: the auth middleware broke login", "logs first, then retry the job {n}",
+                 "revert of PR {n}: auth token refresh failed", "the retry of job {n} waited for logs"]
+        episodes = [EpisodeRecorded(user_id="ann", episode_id=f"ann-{i}", text=texts[i % 4].format(n=i),
+                                    importance=0.7) for i in range(12)]
+        EpisodeProjector(view, embedder).apply(episodes)
+        window = window_records(view, "ann", [("episode", e.episode_id) for e in episodes])
+        client = anthropic.Anthropic(api_key="k", base_url=server.url, max_retries=0, timeout=5)
+        reasoner = AnthropicReasoner(client, "claude-haiku-4-5", batched=batched)
+        made = run_cycle(ReflectionRequested(user_id="ann", cycle_id="ann:1", why="threshold"), window,
+                         view, embedder, reasoner, CycleConfig())
+        audit = made[-1]
+        assert audit.outcome == "ok" and len(audit.questions) == 3
+        assert audit.usage["calls"] == len(server.requests) == calls
+        assert audit.usage["input_tokens"] > 0 and audit.usage["cost_usd"] > 0
+        created = [e for e in made if isinstance(e, ReflectionCreated)]
+        assert created and all(len(e.evidence_ids) >= 2 and e.prompt_version == PROMPT_VERSION for e in created)
+    finally:
+        server.close()
+        view.close()
+
+
+def test_the_breaker_opens_after_consecutive_outages_and_lets_one_try_after_the_cooldown():
+    breaker = Breaker(failures=2, cooldown=60)
+    breaker.record(True, 0)
+    assert breaker.refusal(1) is None  # one failure is not an outage
+    breaker.record(True, 1)
+    assert "breaker open" in breaker.refusal(2) and breaker.state == "open"
+    assert breaker.refusal(62) is None  # cooled down: one cycle may try
+    breaker.record(True, 62)
+    assert breaker.refusal(63)  # and its failure reopens at once
+    breaker.record(False, 200)
+    assert breaker.refusal(201) is None and breaker.consecutive == 0
+
+
+def test_budgets_refuse_once_spent_and_reset_with_the_day():
+    budget = Budget.from_settings(Settings.load(env={}, user_daily_tokens=1000, daily_tokens=4000, partitions=4))
+    assert (budget.user_tokens, budget.partition_tokens) == (1000, 1000)
+    spent = Spend().charged("2026-12-03", 1200)
+    assert "user's daily tokens" in budget.refusal(spent.today("2026-12-03"), 0)
+    assert "partition's share" in budget.refusal(10, 1000)
+    assert budget.refusal(spent.today("2026-12-04"), 0) is None  # a new UTC day
+    assert Budget().refusal(10**9, 10**9) is None  # 0: no limit

@@ -9,21 +9,24 @@ import sys
 
 import pytest
 
+from messages_api import MessagesServer, OfflineModel
 from streams.sample import history
 
 pytestmark = pytest.mark.integration
 
 
-def test_demo_forms_cited_beliefs_that_find_the_planted_patterns():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}
-    done = subprocess.run([sys.executable, "-m", "streams.cli", "demo", "--json"], env=env,
+def demo(*flags: str, **env: str) -> dict:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}, **env}
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "demo", "--json", *flags], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    hist = history()
-    assert result["episodes"] == len(hist.episodes) >= 2000 and result["seconds"] < 180
+    assert result["episodes"] == len(history().episodes) >= 2000 and result["seconds"] < 180
+    return result
 
-    episodes = {e.episode_id for e in hist.episodes}
+
+def assert_grounded(result: dict) -> None:
+    episodes = {e.episode_id for e in history().episodes}
     beliefs = {b["reflection_id"]: b for b in result["beliefs"]}
     assert beliefs and all(b["status"] == "live" for b in beliefs.values())
     for b in beliefs.values():  # grounded: at least 2 citations, only the user's own records
@@ -31,6 +34,23 @@ def test_demo_forms_cited_beliefs_that_find_the_planted_patterns():
         assert b["depth"] == 1 + max(beliefs[e]["depth"] if e in beliefs else 0 for e in b["evidence_ids"])
     assert {b["depth"] for b in beliefs.values()} == {1, 2}  # beliefs over beliefs, never past max_depth
 
+
+def test_demo_forms_cited_beliefs_that_find_the_planted_patterns():
+    result = demo()
+    assert_grounded(result)
     found = [p["pattern"] for p in result["patterns"] if p["found"]]
     assert len(found) >= 3, result["patterns"]
     assert result["score"] == f"{len(found)}/4"
+
+
+def test_demo_runs_on_any_messages_api_server_with_two_calls_a_cycle():
+    server = MessagesServer(OfflineModel())
+    try:
+        result = demo("--reasoner", "anthropic", ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=server.url)
+    finally:
+        server.close()
+    assert result["reasoner"] == "anthropic" and set(result["outcomes"]) <= {"ok", "empty"}
+    assert sum(result["outcomes"].values()) == result["cycles"] > 0
+    assert result["usage"]["calls"] == 2 * result["cycles"] == len(server.requests)  # batched: questions + insights
+    assert result["usage"]["input_tokens"] > 0 and result["usage"]["cost_usd"] > 0
+    assert_grounded(result)

@@ -265,13 +265,13 @@ def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loo
         w = worker(s, env={"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url})
         run(_publish_many(s, [("hal", f"hal-{i}", f"auth deploy note {i}", 0.8) for i in range(3)]))
         [audit] = [e for e in run(_read_until_cycles(s, 1)) if e["type"] == "ReflectionCycleCompleted"]
-        assert audit["outcome"] == "failed" and audit["reasoner"] == "anthropic" and "500" in audit["error"]
+        assert audit["outcome"] == "unavailable" and audit["reasoner"] == "anthropic" and "500" in audit["error"]
         assert w.stats("hal")["cycles"] == 1 and w.stats("hal")["pending_importance"] == 0.0  # reset, though it failed
         assert len(api.requests) == 2  # one call, one retry: then the cycle gave up
         run(_publish_many(s, [("hal", f"hal-{i}", f"auth deploy note {i}", 0.8) for i in range(3, 6)]))
         wait_for(lambda: w.stats("hal").get("cycles") == 2, 30, "the next crossing asks again")
         cycles = [e for e in run(_read_until_cycles(s, 2)) if e["type"] == "ReflectionCycleCompleted"]
-        assert [c["outcome"] for c in cycles] == ["failed", "failed"] and len(api.requests) == 4
+        assert [c["outcome"] for c in cycles] == ["unavailable", "unavailable"] and len(api.requests) == 4
         assert w.stats("hal")["episodes"] == 6  # ingestion went on
     finally:
         api.close()
@@ -285,10 +285,10 @@ def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker
     api = MessagesServer({
         "record_questions": tool_answer("record_questions", {"questions": ["What goes wrong with auth deploys?"]}),
         "record_insights": tool_answer("record_insights", {"insights": [
-            {"text": "Auth deploys fail on tokens", "citations": [1, 2, 2]},
-            {"text": "Cite everything", "citations": [0, -1, 99, 100]},
-            {"text": "Only one", "citations": [3]},
-            {"text": "Out of range but two valid", "citations": [1, 3, 57]}]})})
+            {"question": 1, "text": "Auth deploys fail on tokens", "citations": [1, 2, 2]},
+            {"question": 1, "text": "Cite everything", "citations": [0, -1, 99, 100]},
+            {"question": 1, "text": "Only one", "citations": [3]},
+            {"question": 1, "text": "Out of range but two valid", "citations": [1, 3, 57]}]})})
     try:
         s = replace(settings, threshold=2.0, min_episodes=3, reasoner="anthropic")
         run(ensure_topics(s))
@@ -303,5 +303,41 @@ def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker
                        and e["reasoner"] == "anthropic" and e["prompt_version"] == "anthropic-v1" for e in created)
             [audit] = [e for e in events if e["type"] == "ReflectionCycleCompleted" and e["user_id"] == user]
             assert audit["dropped"] == 2 and audit["usage"]["calls"] == 2 and audit["usage"]["input_tokens"] == 200
+    finally:
+        api.close()
+
+
+def test_a_spent_budget_and_an_outage_refuse_cycles_without_calling_the_api(settings, worker):
+    from dataclasses import replace
+
+    from messages_api import MessagesServer, OfflineModel, error
+
+    api = MessagesServer(OfflineModel())
+    try:
+        s = replace(settings, threshold=100.0, reasoner="anthropic", reasoner_retries=0, user_daily_tokens=1,
+                    breaker_failures=2, breaker_cooldown=600.0)
+        run(ensure_topics(s))
+        w = worker(s, env={"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url})
+        run(_publish_many(s, [(u, f"{u}-{i}", f"auth deploy failed: token {i}", 0.8)
+                              for u in ("kim", "lou") for i in range(4)]))
+        wait_for(lambda: w.stats("kim").get("episodes") == 4 and w.stats("lou").get("episodes") == 4, 30, "episodes")
+        _post(s, "/v1/users/kim/reflect")  # under budget: runs, and spends past the 1-token budget
+        wait_for(lambda: w.stats("kim")["tokens_today"] > 0, 30, "kim's first cycle charged")
+        calls = len(api.requests)
+        _post(s, "/v1/users/kim/reflect")
+        cycles = [e for e in run(_read_until_cycles(s, 2)) if e["type"] == "ReflectionCycleCompleted"]
+        assert [c["outcome"] for c in cycles] == ["ok", "refused"] and "budget" in cycles[1]["error"]
+        assert cycles[0]["usage"]["calls"] == calls == 2 and len(api.requests) == calls  # refused: no call
+
+        api.answers = lambda body: error(500)  # the API goes down
+        for _ in range(4):
+            _post(s, "/v1/users/lou/reflect")
+        lou = [c for c in run(_read_until_cycles(s, 6)) if c["type"] == "ReflectionCycleCompleted"][2:]
+        assert [c["outcome"] for c in lou] == ["unavailable", "unavailable", "refused", "refused"]
+        assert "breaker open" in lou[2]["error"] and len(api.requests) == calls + 2  # open: fail fast, no call
+        state = w.get("/v1/reasoner")
+        assert state["breaker"]["state"] == "open" and state["cycles"] == {"ok": 1, "refused": 3, "unavailable": 2}
+        assert state["tokens"] == w.stats("kim")["tokens_today"] and state["cost_usd"] > 0
+        assert w.stats("lou")["episodes"] == 4  # the pipeline went on
     finally:
         api.close()

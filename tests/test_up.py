@@ -12,6 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import orjson
 import pytest
 
 from conftest import wait_for
@@ -29,16 +30,21 @@ def call(port: int, method: str, path: str, body: bytes | None = None) -> tuple[
         return exc.code, json.loads(exc.read())
 
 
-@pytest.fixture
-def stack(tmp_path):
+def start_up(tmp_path, *flags: str, **env: str):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("REFLECT_")}, **env}
     out = open(tmp_path / "up.out", "w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "d"),
-         "--embedder", "hashing"], env=env, stdout=out, stderr=open(tmp_path / "up.err", "w"))
+         "--embedder", "hashing", *flags], env=env, stdout=out, stderr=open(tmp_path / "up.err", "w"))
     wait_for(lambda: process.poll() is None and "Reflect is up." in open(tmp_path / "up.out").read(), 90,
              "the announcement of `reflect up`")
+    return port, process
+
+
+@pytest.fixture
+def stack(tmp_path):
+    port, process = start_up(tmp_path)
     yield port, process, tmp_path
     if process.poll() is None:
         process.kill()
@@ -76,3 +82,30 @@ def test_up_serves_the_api_and_stops_cleanly(stack):
     for gone in (port, broker_port):  # the API and the embedded broker stopped with it
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", gone), timeout=2).close()
+
+
+def test_up_reflects_through_any_messages_api_server(tmp_path):
+    from messages_api import MessagesServer, OfflineModel
+
+    server = MessagesServer(OfflineModel())
+    port, process = start_up(tmp_path, "--reasoner", "anthropic", "--reasoner-batch", "per-question",
+                             ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=server.url)
+    try:
+        assert "reasoner anthropic" in (tmp_path / "up.out").read_text()
+        for i, text in enumerate(["revert of PR 1 broke auth login", "revert of PR 2: auth token expired",
+                                  "revert of PR 3: auth cookie lost"]):
+            call(port, "POST", "/v1/users/ann/episodes", orjson.dumps({"text": text, "importance": 0.8}))
+        wait_for(lambda: call(port, "GET", "/v1/users/ann/stats")[1]["episodes"] == 3, 30, "3 episodes in the view")
+        call(port, "POST", "/v1/users/ann/reflect")
+        wait_for(lambda: call(port, "GET", "/v1/reasoner")[1]["cycles"], 30, "the manual cycle")
+        state = call(port, "GET", "/v1/reasoner")[1]
+        assert (state["reasoner"], state["batched"], state["cycles"]) == ("anthropic", False, {"ok": 1})
+        tools = [r["body"]["tool_choice"]["name"] for r in server.requests]
+        assert state["calls"] == len(tools) >= 2 and tools == ["record_questions"] + ["record_insights"] * (len(tools) - 1)
+        wait_for(lambda: call(port, "GET", "/v1/users/ann/beliefs")[1]["beliefs"], 30, "beliefs projected")
+        beliefs = call(port, "GET", "/v1/users/ann/beliefs")[1]["beliefs"]
+        assert all(len(b["evidence_ids"]) >= 2 for b in beliefs)
+    finally:
+        process.kill()
+        process.wait(10)
+        server.close()

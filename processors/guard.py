@@ -1,0 +1,114 @@
+"""What stands between a cycle and the reasoner's API: daily token budgets and
+a circuit breaker. Pure state; the reflector agent keeps it (spend in a Faust
+table, so it survives restarts; the breaker in memory, as an outage is seen
+per process).
+
+The global budget is split evenly over the request partitions: each partition
+is owned by one worker, so the fleet can never spend more than the budget and
+no worker has to coordinate with another. The price is that one hot partition
+is cut off at its share while others have tokens left. Budgets are checked
+before a cycle: one already running finishes, so a day's spend can pass a
+limit by at most one cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def day_of(at: datetime) -> str:
+    return at.date().isoformat()
+
+
+@dataclass(frozen=True)
+class Spend:
+    day: str = ""
+    tokens: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Spend":
+        return cls(**data) if data else cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"day": self.day, "tokens": self.tokens}
+
+    def today(self, day: str) -> int:
+        return self.tokens if self.day == day else 0
+
+    def charged(self, day: str, tokens: int) -> "Spend":
+        return Spend(day, self.today(day) + tokens)
+
+
+@dataclass(frozen=True)
+class Budget:
+    user_tokens: int = 0  # 0: no limit
+    partition_tokens: int = 0
+
+    @classmethod
+    def from_settings(cls, settings) -> "Budget":
+        share = max(1, settings.daily_tokens // settings.partitions) if settings.daily_tokens else 0
+        return cls(settings.user_daily_tokens, share)
+
+    def refusal(self, user_spent: int, partition_spent: int) -> str | None:
+        if self.user_tokens and user_spent >= self.user_tokens:
+            return f"budget: this user's daily tokens are spent ({user_spent}/{self.user_tokens})"
+        if self.partition_tokens and partition_spent >= self.partition_tokens:
+            return f"budget: this partition's share of the daily tokens is spent ({partition_spent}/{self.partition_tokens})"
+        return None
+
+
+@dataclass
+class Breaker:
+    """Opens after `failures` consecutive cycles the API did not answer; while
+    open, cycles fail at once; after `cooldown` seconds one cycle may try, and
+    a failure reopens it."""
+
+    failures: int
+    cooldown: float
+    consecutive: int = 0
+    opened_at: float | None = None
+
+    def refusal(self, now: float) -> str | None:
+        if self.opened_at is not None and now - self.opened_at < self.cooldown:
+            return f"breaker open: the reasoner API failed {self.consecutive} cycles in a row; " \
+                   f"next try in {self.cooldown - (now - self.opened_at):.0f} s"
+        return None
+
+    def record(self, unavailable: bool, now: float) -> None:
+        if not unavailable:
+            self.consecutive, self.opened_at = 0, None
+            return
+        self.consecutive += 1
+        if self.consecutive >= self.failures:
+            self.opened_at = now
+
+    @property
+    def state(self) -> str:
+        return "closed" if self.opened_at is None else "open"
+
+
+@dataclass
+class Tally:
+    """This worker's reasoner figures since it started: what /v1/reasoner serves."""
+
+    cycles: dict[str, int] = field(default_factory=dict)  # by outcome
+    calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    last_error: str | None = None
+
+    def add(self, completed) -> None:
+        self.cycles[completed.outcome] = self.cycles.get(completed.outcome, 0) + 1
+        usage = completed.usage
+        self.calls += usage.get("calls", 0)
+        self.tokens += tokens_of(usage)
+        self.cost_usd += usage.get("cost_usd") or 0.0
+        if completed.error:
+            self.last_error = completed.error
+
+
+def tokens_of(usage: dict[str, Any]) -> int:
+    """Every token an audit event's usage bills: the unit of the budgets."""
+    return sum(usage.get(k, 0) for k in ("input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens"))
