@@ -69,10 +69,11 @@ class OfflineModel:
             question = data.split("\n", 1)[0].removeprefix("Question: ")
             answer = {"insights": [{"text": i.text, "citations": list(i.citations)}
                                    for i in offline.insights(question, statements)[0]]}
-        prefix, cached = len(system) // 4, system in self.seen
-        if prefix < self.MIN_CACHED:
-            prefix = 0
+        # The prefix (tools, system prompt) is billed as input like the data.
+        prefix, cached = (len(json.dumps(body.get("tools"))) + len(system)) // 4, system in self.seen
         self.seen.add(system)
+        if prefix < self.MIN_CACHED:
+            data, prefix = json.dumps(body.get("tools")) + system + data, 0
         return tool_answer(tool, answer, input_tokens=len(data) // 4, output_tokens=len(json.dumps(answer)) // 4,
                            cached=prefix if cached else 0, cache_write=0 if cached else prefix)
 
