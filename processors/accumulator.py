@@ -76,7 +76,9 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
                   recent=_remember(acc, record))
     if acc.pending < trigger.threshold or acc.high_salience < trigger.min_episodes:
         return acc, None
-    return fire(acc, event.user_id, "threshold", event.recorded_at)
+    # The cycle happens at the valid time of the episode that fired it: the
+    # time its evidence is bounded by and its beliefs are valid from.
+    return fire(acc, event.user_id, "threshold", event.occurred_at)
 
 
 def fire(acc: Accumulator, user_id: str, why: str, at: str) -> tuple[Accumulator, ReflectionRequested]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
@@ -20,7 +20,7 @@ from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
 from processors.view import VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
-                     ReflectionRequested, now)
+                     ReflectionRequested)
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,12 @@ class CycleConfig:
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
 
 
-def _candidates(view: VectorStore, user_id: str, vector, k: int, max_depth: int) -> list[Candidate]:
-    """Episodes and live beliefs of this user near the question; a belief already
-    at max_depth is left out, as nothing citing it could be kept."""
-    hits = view.search(user_id, vector, k, kind="episode", status="recorded") + \
-        view.search(user_id, vector, k, kind="reflection", status="live")
+def _candidates(view: VectorStore, user_id: str, vector, k: int, max_depth: int, at: str) -> list[Candidate]:
+    """Episodes and live beliefs of this user near the question that occurred by
+    the cycle's time `at`; a belief already at max_depth is left out, as nothing
+    citing it could be kept."""
+    hits = view.search(user_id, vector, k, before=at, kind="episode", status="recorded") + \
+        view.search(user_id, vector, k, before=at, kind="reflection", status="live")
     return [Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
                       float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
             for h in hits for p in [h.payload]
@@ -74,9 +75,14 @@ def window_records(view: VectorStore, user_id: str, refs: Sequence[tuple[str, st
 
 
 def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], view: VectorStore,
-              embedder: Embedder, reasoner: Reasoner, config: CycleConfig,
-              clock=lambda: datetime.now(timezone.utc)) -> list[Event]:
+              embedder: Embedder, reasoner: Reasoner, config: CycleConfig) -> list[Event]:
+    """A cycle runs at its request's valid time (the record that fired it):
+    evidence is what occurred by then, recency counts back from then, and its
+    beliefs occur then. The stream may be far ahead when the cycle runs, or be
+    replayed; the cycle still sees the same history and decides the same."""
     started = time.perf_counter()
+    at = request.occurred_at
+    cycle_time = datetime.fromisoformat(at.replace("Z", "+00:00"))
     user, cycle = request.user_id, request.cycle_id
     usage, questions, out = Usage(), [], []
     kept = reinforced = dropped = 0
@@ -85,8 +91,8 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         questions, used = reasoner.questions([r["text"] for r in window], config.questions,
                                              importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
-        asked = [(q, rerank(_candidates(view, user, embedder.embed([q])[0], config.top_k * 4, config.max_depth),
-                            clock(), config.top_k, config.weights)) for q in questions]
+        asked = [(q, rerank(_candidates(view, user, embedder.embed([q])[0], config.top_k * 4, config.max_depth, at),
+                            cycle_time, config.top_k, config.weights)) for q in questions]
         answers, used = _insights(reasoner, asked, config.insights)
         usage += used
         for question, evidence, insights in answers:
@@ -173,4 +179,4 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
         cycle_id=cycle, text=belief.text[:16000], evidence_ids=evidence_ids, depth=belief.depth,
         importance=belief.importance, confidence=round(min(1.0, 0.3 + 0.1 * len(evidence_ids)), 6),
         reasoner=reasoner.name, prompt_version=reasoner.prompt_version, question=question[:2000],
-        occurred_at=now())
+        occurred_at=request.occurred_at)

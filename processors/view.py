@@ -27,6 +27,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 VECTOR = "text"
 INDEXED = ("user_id", "kind", "status")  # keyword indexes, created with the shard
+TIMED = "occurred_at"  # datetime index: a cycle searches what was true by its time
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class VectorStore(Protocol):
 
     def count(self, user_id: str, **match: str) -> int: ...
 
-    def search(self, user_id: str, vector: Sequence[float], k: int, **match: str) -> list[Hit]: ...
+    def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
+               **match: str) -> list[Hit]:
+        """The user's k nearest points, only those with occurred_at ≤ `before` if given."""
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
@@ -106,14 +109,17 @@ class EdgeView:
                     "user_id", q.KeywordIndexParams(is_tenant=True)))
                 for key in INDEXED[1:]:
                     self._shard.update(q.UpdateOperation.create_field_index(key, q.PayloadSchemaType.Keyword))
+                self._shard.update(q.UpdateOperation.create_field_index(TIMED, q.PayloadSchemaType.Datetime))
         except Exception as exc:
             raise ViewError(f"cannot open the Qdrant Edge view at {path}: {exc} "
                             "(one process owns a shard: is another worker running on this data dir?)") from exc
 
-    def _filter(self, user_id: str, match: dict[str, str]):
+    def _filter(self, user_id: str, match: dict[str, str], before: str | None = None):
         q = self._q
         conditions = [q.FieldCondition(key=k, match=q.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
+        if before is not None:
+            conditions.append(q.FieldCondition(key=TIMED, range=q.RangeDateTime(lte=before)))
         return q.Filter(must=conditions)
 
     def upsert(self, points: Sequence[ViewPoint]) -> None:
@@ -144,11 +150,12 @@ class EdgeView:
     def count(self, user_id: str, **match: str) -> int:
         return self._shard.count(self._q.CountRequest(filter=self._filter(user_id, match), exact=True))
 
-    def search(self, user_id: str, vector: Sequence[float], k: int, **match: str) -> list[Hit]:
+    def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
+               **match: str) -> list[Hit]:
         q = self._q
         found = self._shard.query(q.QueryRequest(
             limit=k, query=q.Query.Nearest(_floats(vector), using=VECTOR),
-            filter=self._filter(user_id, match), with_payload=True,
+            filter=self._filter(user_id, match, before), with_payload=True,
             params=q.SearchParams(exact=True)))
         return [Hit(str(p.id), float(p.score), dict(p.payload)) for p in found]
 
@@ -191,6 +198,7 @@ class QdrantView:
                                         models.KeywordIndexParams(type="keyword", is_tenant=True))
             for key in INDEXED[1:]:
                 client.create_payload_index(self.name, key, models.PayloadSchemaType.KEYWORD)
+            client.create_payload_index(self.name, TIMED, models.PayloadSchemaType.DATETIME)
         if view not in aliases:
             client.update_collection_aliases([models.CreateAliasOperation(
                 create_alias=models.CreateAlias(collection_name=self.name, alias_name=view))])
@@ -203,10 +211,13 @@ class QdrantView:
         client = QdrantClient(url=url, api_key=api_key) if url else QdrantClient(path=path)
         return cls(client, view, dim)
 
-    def _filter(self, user_id: str, match: dict[str, str]):
+    def _filter(self, user_id: str, match: dict[str, str], before: str | None = None):
         m = self._m
-        return m.Filter(must=[m.FieldCondition(key=k, match=m.MatchValue(value=v))
-                              for k, v in {"user_id": user_id, **match}.items()])
+        conditions = [m.FieldCondition(key=k, match=m.MatchValue(value=v))
+                      for k, v in {"user_id": user_id, **match}.items()]
+        if before is not None:
+            conditions.append(m.FieldCondition(key=TIMED, range=m.DatetimeRange(lte=before)))
+        return m.Filter(must=conditions)
 
     def upsert(self, points: Sequence[ViewPoint]) -> None:
         if points:
@@ -236,10 +247,11 @@ class QdrantView:
     def count(self, user_id: str, **match: str) -> int:
         return self.client.count(self.view, count_filter=self._filter(user_id, match), exact=True).count
 
-    def search(self, user_id: str, vector: Sequence[float], k: int, **match: str) -> list[Hit]:
+    def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
+               **match: str) -> list[Hit]:
         found = self.client.query_points(
             self.view, query=_floats(vector), using=VECTOR, limit=k,
-            query_filter=self._filter(user_id, match), with_payload=True,
+            query_filter=self._filter(user_id, match, before), with_payload=True,
             search_params=self._m.SearchParams(exact=True)).points
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
 

@@ -116,6 +116,7 @@ async def _follow(settings: Settings, seen: Followed) -> None:
                     seen.dropped += event.dropped
                     seen.questions.update(event.questions)
                     seen.outcomes[event.outcome] += 1
+                    seen.usage["cycle_ms"] += event.duration_ms
                     seen.usage.update({k: v for k, v in event.usage.items() if isinstance(v, (int, float))})
                 elif isinstance(event, ReflectionCreated):
                     seen.created.add(event.reflection_id)

@@ -138,6 +138,8 @@ SPECS: tuple[Spec, ...] = (
          "Seconds the projector waits to fill a batch before flushing what it has."),
     Spec("session_timeout", "REFLECT_SESSION_TIMEOUT", "6.0", _positive_float,
          "Consumer group session timeout in seconds (short: Tansu holds joins for half of it)."),
+    Spec("fetch_wait", "REFLECT_FETCH_WAIT", "0.05", _positive_float,
+         "Seconds a worker's fetch may wait for records (Faust's 1.5 s costs ~0.6 s a hop on Tansu)."),
     Spec("web_port", "REFLECT_WEB_PORT", "6066", _positive_int,
          "Port of the worker's HTTP API."),
     Spec("reasoner", "REFLECT_REASONER", "offline", _choice("offline", "anthropic"),
@@ -191,6 +193,7 @@ class Settings:
     projector_batch: int
     projector_within: float
     session_timeout: float
+    fetch_wait: float
     web_port: int
     reasoner: str
     anthropic_model: str

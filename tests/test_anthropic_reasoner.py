@@ -65,9 +65,11 @@ def test_insights_from_a_fenced_json_text_answer_then_judged(serve):
 
 
 def test_unreadable_answers_and_api_errors_raise_reasoner_errors(serve):
-    _, reasoner = serve(text_answer("I would rather not."))
-    with pytest.raises(ReasonerError, match="neither"):
-        reasoner.questions(STATEMENTS)
+    for unreadable in ("I would rather not.", '```json\n{"questions": ["a",\n```', '["a list", "not an object"]'):
+        _, reasoner = serve(text_answer(unreadable))
+        with pytest.raises(ReasonerError, match="neither|not an object") as failed:
+            reasoner.questions(STATEMENTS)
+        assert not failed.value.unavailable  # a bad answer is not an outage: the breaker ignores it
     server, reasoner = serve(error(529, "overloaded_error"))
     with pytest.raises(ReasonerError, match="529|Overloaded|InternalServer"):
         reasoner.questions(STATEMENTS)

@@ -95,14 +95,16 @@ class Hostile(OfflineReasoner):
 
 def test_failed_cycle_is_reported_not_raised(stack):
     view, embedder, episodes, _ = stack
-    events = run_cycle(request("alice", 1), record(episodes, "alice", 4), view, embedder, Broken(), CycleConfig())
+    window = record(episodes, "alice", 4)
+    events = run_cycle(request("alice", 1), window, view, embedder, Broken(), CycleConfig())
     [audit] = events
     assert audit.outcome == "failed" and "TimeoutError" in audit.error and audit.kept == 0
 
 
 def test_only_valid_citations_are_persisted(stack):
     view, embedder, episodes, _ = stack
-    events = run_cycle(request("alice", 1), record(episodes, "alice", 8), view, embedder, Hostile(), CycleConfig())
+    window = record(episodes, "alice", 8)
+    events = run_cycle(request("alice", 1), window, view, embedder, Hostile(), CycleConfig())
     created = [e for e in events if isinstance(e, ReflectionCreated)]
     assert created and "single" not in {e.text for e in created} and "nothing valid" not in {e.text for e in created}
     ids = {f"alice-{i}" for i in range(8)}
@@ -144,3 +146,22 @@ def test_beliefs_at_max_depth_are_not_offered_as_evidence(stack):
     # … and never beyond the cap: nothing deeper is created, however often it runs.
     made = run_cycle(request("alice", 3), window, view, embedder, OfflineReasoner(), CycleConfig(duplicate_cosine=1.01))
     assert all(e.depth <= 2 for e in made if isinstance(e, ReflectionCreated))
+
+
+def test_a_cycle_sees_only_what_occurred_by_its_time_so_a_stream_ahead_changes_nothing(stack):
+    view, embedder, episodes, _ = stack
+    window = record(episodes, "alice", 8)
+    asked = request("alice", 1)
+    first = run_cycle(asked, window, view, embedder, OfflineReasoner(), CycleConfig())
+    # The stream runs on: more of the same kind of episode, occurring after the request.
+    episodes.apply([EpisodeRecorded(user_id="alice", episode_id=f"later-{i}", text=TEXTS[i % 3].format(n=100 + i),
+                                    importance=0.9, occurred_at="2100-01-01T00:00:00Z") for i in range(12)])
+    again = run_cycle(asked, window, view, embedder, OfflineReasoner(), CycleConfig())
+    beliefs = [e for e in again if isinstance(e, ReflectionCreated)]
+
+    def decided(events):  # all but recorded_at, the transaction time
+        return [{k: v for k, v in e.to_dict().items() if k != "recorded_at"} for e in events
+                if isinstance(e, ReflectionCreated)]
+    assert beliefs and decided(beliefs) == decided(first)
+    assert all(not i.startswith("later-") for b in beliefs for i in b.evidence_ids)
+    assert {b.occurred_at for b in beliefs} == {asked.occurred_at}  # a belief is valid from its cycle's time

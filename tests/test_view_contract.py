@@ -71,6 +71,15 @@ def test_search_is_exact_and_never_crosses_users(make_view):
     assert view.search("bob", unit(25), k=1)[0].id == pid(25)
 
 
+def test_search_before_a_time_leaves_out_what_occurred_later(make_view):
+    view = make_view()
+    times = ["2026-06-01T09:00:00Z", "2026-06-02T09:00:00+00:00", "2026-06-02T10:00:00.5Z", "2026-07-01T00:00:00Z"]
+    view.upsert([ViewPoint(pid(i), unit(i), {"user_id": "alice", "occurred_at": t}) for i, t in enumerate(times)])
+    found = {h.id for h in view.search("alice", unit(0), k=10, before="2026-06-02T10:00:00.5Z")}
+    assert found == {pid(0), pid(1), pid(2)}  # inclusive, whatever the offset notation
+    assert len(view.search("alice", unit(0), k=10)) == 4
+
+
 def test_strip_removes_vector_and_keys_and_keeps_the_audit_payload(make_view):
     view = make_view()
     view.upsert([point(1), point(2)])
