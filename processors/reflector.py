@@ -115,6 +115,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                 out.append(event)
         outcome, error = ("ok" if out else "empty"), None
     except Exception as exc:  # a failed cycle is reported, never retried in a loop
+        usage += getattr(exc, "spent", Usage())
         outcome = "unavailable" if getattr(exc, "unavailable", False) else "failed"
         error, out = f"{type(exc).__name__}: {exc}"[:2000], []
     out.append(_completed(request, reasoner, outcome, error, usage, started, questions=questions,
@@ -146,7 +147,11 @@ def _insights(reasoner: Reasoner, asked, n: int):
         return [(q, pool, [i for k, i in tagged if k == index]) for index, (q, _) in enumerate(asked)], usage
     answers, usage = [], Usage()
     for question, evidence in asked:
-        insights, used = reasoner.insights(question, [c.text for c in evidence], n)
+        try:
+            insights, used = reasoner.insights(question, [c.text for c in evidence], n)
+        except Exception as exc:
+            exc.spent = usage  # the calls before this one were billed: the budget counts them
+            raise
         answers.append((question, evidence, insights))
         usage += used
     return answers, usage

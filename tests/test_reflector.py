@@ -6,7 +6,7 @@ import pytest
 
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
-from processors.reasoners import OfflineReasoner
+from processors.reasoners import OfflineReasoner, Usage
 from processors.reflection import Insight
 from processors.reflector import CycleConfig, run_cycle, window_records
 from processors.view import EdgeView
@@ -165,3 +165,25 @@ def test_a_cycle_sees_only_what_occurred_by_its_time_so_a_stream_ahead_changes_n
     assert beliefs and decided(beliefs) == decided(first)
     assert all(not i.startswith("later-") for b in beliefs for i in b.evidence_ids)
     assert {b.occurred_at for b in beliefs} == {asked.occurred_at}  # a belief is valid from its cycle's time
+
+
+class FailsOnSecondQuestion(OfflineReasoner):
+    """Bills every call; the insights of the second question never come."""
+
+    calls = 0
+
+    def questions(self, statements, n=3, importance=None):
+        return super().questions(statements, n, importance)[0], Usage(calls=1, input_tokens=100)
+
+    def insights(self, question, statements, n=5):
+        self.calls += 1
+        if self.calls == 2:
+            raise TimeoutError("no answer")
+        return super().insights(question, statements, n)[0], Usage(calls=1, input_tokens=50)
+
+
+def test_a_cycle_that_fails_midway_still_reports_the_calls_it_was_billed_for(stack):
+    view, embedder, episodes, _ = stack
+    window = record(episodes, "alice", 8)
+    audit = run_cycle(request("alice", 1), window, view, embedder, FailsOnSecondQuestion(), CycleConfig())[-1]
+    assert audit.outcome == "failed" and (audit.usage["calls"], audit.usage["input_tokens"]) == (2, 150)
