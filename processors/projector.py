@@ -15,11 +15,12 @@ from typing import Sequence
 
 from processors.embedders import Embedder
 from processors.view import VectorStore, ViewPoint
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated, ReflectionReinforced
+from schemas import (EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated, ReflectionInvalidated,
+                     ReflectionReinforced)
 
 POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
 EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
-REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced)
+REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated)
 
 
 def point_id(kind: str, user_id: str, record_id: str) -> str:
@@ -140,13 +141,41 @@ def reflection_payload(event: ReflectionCreated) -> dict:
         "prompt_version": event.prompt_version,
         "status": "live",
         "occurred_at": event.occurred_at,
+        "valid_from": event.occurred_at,
         "recorded_at": event.recorded_at,
         "created_at": event.recorded_at,
+        # Transaction-time changes, for reads as of an earlier time.
+        "history": [{"at": event.recorded_at, "status": "live", "confidence": event.confidence}],
     }
 
 
+def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -> tuple[dict, bool]:
+    """The payload keys an event sets on a projected belief, and whether its
+    text and vector go (an erasure). Invalid is terminal: later events of an
+    invalid belief change nothing."""
+    if payload.get("status") == "invalid":
+        return {}, False
+    history = [*payload.get("history", ())]
+    if isinstance(event, ReflectionReinforced):
+        history.append({"at": event.recorded_at, "status": "live", "confidence": event.confidence})
+        return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence,
+                "reinforced_at": event.recorded_at, "history": history}, False
+    history.append({"at": event.expired_at, "status": event.status, "confidence": event.confidence or 0.0})
+    keys = {"confidence": event.confidence or 0.0, "history": history,
+            "lost_evidence_ids": sorted({*payload.get("lost_evidence_ids", ()),
+                                         *(e for e in payload.get("evidence_ids", ())
+                                           if e not in (event.surviving_evidence_ids or ()))})}
+    if event.status == "invalid":
+        keys.update(status="invalid", invalid_at=event.invalid_at, expired_at=event.expired_at,
+                    invalidated_by=event.cause, invalidation_path=list(event.path))
+    else:
+        keys.update(weakened_at=event.expired_at)
+    return keys, bool(event.erased) and event.status == "invalid"
+
+
 class ReflectionProjector:
-    """ReflectionCreated → a point (kind=reflection); ReflectionReinforced → merged evidence."""
+    """ReflectionCreated → a point (kind=reflection); Reinforced → merged evidence;
+    Invalidated → weakened, or invalid (and, after an erasure, without text)."""
 
     def __init__(self, view: VectorStore, embedder: Embedder) -> None:
         self.view = view
@@ -162,8 +191,14 @@ class ReflectionProjector:
             self.view.upsert([ViewPoint(pid, vec, reflection_payload(e))
                               for (pid, e), vec in zip(fresh.items(), vectors)])
         for e in events:
-            if isinstance(e, ReflectionReinforced):
-                self.view.patch([point_id("reflection", e.user_id, e.reflection_id)],
-                                {"evidence_ids": list(e.evidence_ids), "confidence": e.confidence,
-                                 "reinforced_at": e.recorded_at})
+            if isinstance(e, (ReflectionReinforced, ReflectionInvalidated)):
+                pid = point_id("reflection", e.user_id, e.reflection_id)
+                payload = self.view.get([pid]).get(pid)
+                if payload is None:
+                    continue  # not projected (its Created was dead-lettered): nothing to change
+                keys, erase = change(payload, e)
+                if erase:
+                    self.view.strip([pid], keys, drop=["text", "question"])
+                elif keys:
+                    self.view.patch([pid], keys)
         return len(events)

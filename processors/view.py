@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
 VECTOR = "text"
-INDEXED = ("user_id", "kind", "status")  # keyword indexes, created with the shard
+# Keyword indexes, created with the shard; evidence_ids is the reverse
+# provenance index (a belief matches each id it cites).
+INDEXED = ("user_id", "kind", "status", "evidence_ids")
 TIMED = "occurred_at"  # datetime index: a cycle searches what was true by its time
 
 

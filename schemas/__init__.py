@@ -145,6 +145,7 @@ class ReflectionInvalidated(Event):
     expired_at: str
     confidence: float | None = None
     surviving_evidence_ids: tuple[str, ...] | None = None
+    erased: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

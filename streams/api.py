@@ -18,6 +18,7 @@ import orjson
 from faust.web import Request, Response, View
 
 from processors.accumulator import Accumulator
+from processors import provenance
 from processors.guard import Spend, day_of
 from processors.projector import point_id
 from schemas import ContractError, ReflectionRequested, new_id, now
@@ -83,18 +84,39 @@ def _int_query(request: Request, name: str, default: int, low: int, high: int) -
     return value
 
 
+BELIEF_KEYS = ("reflection_id", "text", "evidence_ids", "depth", "confidence", "importance", "status",
+               "valid_from", "invalid_at", "created_at", "expired_at", "reinforced_at", "weakened_at",
+               "lost_evidence_ids", "question", "cycle_id", "reasoner", "prompt_version")
+
+
 def belief(payload: dict[str, Any]) -> dict[str, Any]:
-    keys = ("reflection_id", "text", "evidence_ids", "depth", "confidence", "importance", "status",
-            "created_at", "reinforced_at", "question", "cycle_id", "reasoner", "prompt_version")
-    return {k: payload[k] for k in keys if k in payload}
+    return {k: payload[k] for k in BELIEF_KEYS if k in payload}
 
 
-def live_beliefs(view, user_id: str, limit: int) -> list[dict[str, Any]]:
-    """The user's live beliefs, most confident first, then newest."""
-    found = [belief(p) for _, p in view.scroll(user_id, kind="reflection", status="live")
-             if p.get("user_id") == user_id]
+def live_beliefs(view, user_id: str, limit: int, as_of: str | None = None) -> list[dict[str, Any]]:
+    """The user's live beliefs, most confident first, then newest; with `as_of`
+    (transaction time), those the system held then, as it held them."""
+    if as_of is None:
+        found = [belief(p) for _, p in view.scroll(user_id, kind="reflection", status="live")
+                 if p.get("user_id") == user_id]
+    else:
+        found = [belief(held) for _, p in view.scroll(user_id, kind="reflection")
+                 if p.get("user_id") == user_id for held in [provenance.as_of(p, as_of)] if held]
     found.sort(key=lambda b: (b.get("confidence", 0.0), b.get("created_at", "")), reverse=True)
     return found[:limit]
+
+
+def _time_query(request: Request, name: str) -> str | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ApiError(422, "invalid", f"must be an RFC 3339 time, got {raw!r}", name) from None
+    if parsed.tzinfo is None:
+        raise ApiError(422, "invalid", "must carry a zone, e.g. 2026-06-01T09:00:00Z", name)
+    return raw
 
 
 def install(runtime, accumulators, spend, episodes_topic, requests_topic) -> None:
@@ -170,10 +192,26 @@ def install(runtime, accumulators, spend, episodes_topic, requests_topic) -> Non
     class Beliefs(View):
         @answers_json
         async def get(self, request: Request, user_id: str) -> Response:
-            if "as_of" in request.query:
-                raise ApiError(422, "unsupported", "as_of reads are not supported by this version", "as_of")
-            limit = _int_query(request, "limit", 50, 1, 1000)
-            return self.json({"user_id": user_id, "beliefs": live_beliefs(view, user_id, limit)})
+            limit, at = _int_query(request, "limit", 50, 1, 1000), _time_query(request, "as_of")
+            answer = {"user_id": user_id, "beliefs": live_beliefs(view, user_id, limit, as_of=at)}
+            return self.json(answer if at is None else {**answer, "as_of": at})
+
+    @app.page("/v1/users/{user_id}/reflections/{reflection_id}")
+    class Explain(View):
+        @answers_json
+        async def get(self, request: Request, user_id: str, reflection_id: str) -> Response:
+            """A belief (any status) with its provenance tree down to the episodes."""
+            def get(kind: str, rid: str):
+                pid = point_id(kind, user_id, rid)
+                found = view.get([pid]).get(pid)
+                return found if found and found.get("user_id") == user_id else None
+
+            found = get("reflection", reflection_id)
+            if found is None:
+                raise ApiError(404, "not_found", f"user {user_id} has no reflection {reflection_id}", "reflection_id")
+            return self.json({"user_id": user_id, "belief": belief(found),
+                              "provenance": provenance.tree(get, "reflection", reflection_id,
+                                                            runtime.settings.max_depth + 1)})
 
     @app.page("/v1/users/{user_id}/stats")
     class Stats(View):

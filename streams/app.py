@@ -18,13 +18,14 @@ from processors.dlq import dead_letter_headers
 from processors.embedders import Embedder, make_embedder
 from processors.accumulator import Accumulator, Trigger, admit
 from processors.guard import Breaker, Budget, Spend, Tally, day_of, tokens_of
+from processors.invalidator import Invalidator, empty_state
 from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
                                   point_id)
 from processors.reasoners import Reasoner, make_reasoner
 from processors.reflector import CycleConfig, refused, run_cycle, window_records, window_refs
 from processors.view import VectorStore, open_view
-from schemas import (ContractError, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
-                     ReflectionReinforced, ReflectionRequested, decode)
+from schemas import (ContractError, EpisodeRetracted, ReflectionCreated, ReflectionCycleCompleted,
+                     ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, decode)
 from streams import api
 from streams.settings import Settings, SettingsError
 
@@ -174,6 +175,36 @@ def create_app(settings: Settings) -> Runtime:
             accumulators[record.user_id] = acc.to_dict()  # written back: Faust tracks assignment only
             if request is not None:
                 await requests.send(key=record.user_id.encode(), value=request.encode())
+
+    invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
+    # What the invalidator knows is gone, per user (see processors/invalidator.py).
+    provenance = app.Table("invalidator", default=dict, partitions=settings.partitions)
+
+    @app.agent(raw_topic(settings.topic_episodes, settings.topic_reflections), name="invalidator")
+    async def invalidate(stream):
+        async for event in stream.events():
+            try:
+                record = decode(event.message.value)
+            except ContractError:
+                continue  # dead letters are the projectors' job
+            if not isinstance(record, (EpisodeRetracted, ReflectionCreated, ReflectionReinforced)):
+                continue
+            try:
+                state = provenance[record.user_id] or empty_state()
+                if isinstance(record, EpisodeRetracted):
+                    out, known = invalidator.on_retracted(record, state)
+                    if not known:
+                        log.info("retraction of episode %s of user %s, which the view never held: "
+                                 "a tombstone, nothing to invalidate", record.episode_id, record.user_id)
+                else:
+                    out = invalidator.on_belief(record, state)
+                for made in out:
+                    topic = requests if isinstance(made, ReflectionRequested) else reflections
+                    await topic.send(key=made.user_id.encode(), value=made.encode())
+                provenance[record.user_id] = state  # written back: Faust tracks assignment only
+            except Exception as error:  # a crashed agent would skip the retraction silently
+                log.exception("invalidation after %s failed", record.event_id)
+                await dead_letter(event.message, error, "invalidate")
 
     async def visible(events, timeout: float = 10.0) -> None:
         """Wait (bounded) until these records are in the view: the projectors are

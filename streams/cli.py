@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the result as one JSON document")
     demo.add_argument("--seed", type=int, default=7, help="seed of the sample history (default 7)")
     demo.add_argument("--episodes", type=int, default=2100, help="episodes in the history (default 2100)")
+    explain = commands.add_parser("explain", help="show a belief's provenance down to the episodes, with statuses")
+    explain.add_argument("--user", required=True)
+    explain.add_argument("--reflection-id", required=True)
+    explain.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API (default: reflect up's)")
+    explain.add_argument("--json", action="store_true", help="print the API's answer as JSON")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
     return parser
 
@@ -96,6 +101,10 @@ def _run(args: argparse.Namespace) -> int:
         from streams.demo import demo
 
         return demo(args)
+    if args.command == "explain":
+        from streams.explain import explain
+
+        return explain(args)
     settings = _load(args)
     if args.command == "settings":
         for spec in SPECS:

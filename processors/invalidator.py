@@ -1,0 +1,126 @@
+"""Invalidator: retractions → ReflectionInvalidated (+ revalidation requests).
+
+The reverse-provenance index is the view's keyword index on `evidence_ids`
+(beliefs citing X = one indexed filter), written in the same upsert as the
+belief and rebuilt by any replay, so there is no second copy to keep in step.
+Its cost follows the dependents, not the store.
+
+The view can lag the log: a belief may be published, citing an episode that
+is retracted before the belief is projected. So this processor also reads
+every ReflectionCreated / Reinforced: it keeps those the view may not hold
+yet (`pending`, pruned once projected) as extra dependents, and checks each
+against what it knows is gone. That knowledge — gone ids, and its own
+decisions, which the view also learns late — is its own state (a Faust table
+keyed by user, like the topics it reads), so whichever comes first, each
+belief is decided once per lost piece of evidence, and it never waits on
+another agent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from processors.projector import point_id
+from processors.provenance import Decision, decide, reach
+from processors.view import VectorStore
+from schemas import (EpisodeRetracted, Event, ReflectionCreated, ReflectionInvalidated, ReflectionReinforced,
+                     ReflectionRequested, now)
+
+REVALIDATE = uuid.UUID("0b5c1f0e-7c1a-4f57-8d6e-2b9f3b1c8e44")
+PENDING_PRUNE = 64  # pending beliefs a user's state holds before the view is asked which it has
+
+
+def empty_state() -> dict[str, Any]:
+    # gone: id → {"at": valid time, "erasure": bool}
+    # decided: belief id → {"lost", "status", "confidence"} after its last decision
+    # pending: belief id → {"evidence_ids", "depth", "confidence"} seen, maybe not projected yet
+    return {"gone": {}, "decided": {}, "pending": {}}
+
+
+class Invalidator:
+    def __init__(self, view: VectorStore, citation_floor: int, max_depth: int) -> None:
+        self.view, self.floor, self.max_depth = view, citation_floor, max_depth
+
+    def _dependents(self, user: str, state: dict[str, Any]):
+        def of(record_id: str) -> list[dict[str, Any]]:
+            found = {p["reflection_id"]: p for _, p in self.view.scroll(user, kind="reflection",
+                                                                        evidence_ids=record_id)
+                     if p.get("user_id") == user}
+            for rid, belief in state["pending"].items():
+                if record_id in belief["evidence_ids"]:  # newer than, or missing from, the view
+                    found[rid] = {**found.get(rid, {"status": "live"}), **belief, "reflection_id": rid}
+            # The view learns this processor's decisions late: its own are the truth.
+            return [{**p, **{k: v for k, v in state["decided"].get(rid, {}).items() if k != "lost"}}
+                    for rid, p in found.items()]
+        return of
+
+    def _prune(self, user: str, state: dict[str, Any]) -> None:
+        """Forget pending beliefs the view now holds as they are."""
+        pids = {point_id("reflection", user, rid): rid for rid in state["pending"]}
+        held = self.view.get(list(pids))
+        for pid, rid in pids.items():
+            if held.get(pid, {}).get("evidence_ids") == state["pending"][rid]["evidence_ids"]:
+                del state["pending"][rid]
+
+    def on_retracted(self, event: EpisodeRetracted, state: dict[str, Any]) -> tuple[list[Event], bool]:
+        """Events for a retraction, and whether anything knew the episode at all."""
+        user, cause = event.user_id, event.episode_id
+        pid = point_id("episode", user, cause)
+        known = "recorded_at" in self.view.get([pid]).get(pid, {})  # a tombstone has none
+        if cause in state["gone"]:
+            return [], known  # redelivered: decided already
+        state["gone"][cause] = {"at": event.occurred_at, "erasure": event.reason == "erasure"}
+        self._prune(user, state)
+        seeds = [(cause, p) for p in self._dependents(user, state)(cause)]
+        return self._decide(user, cause, seeds, state), known or bool(seeds)
+
+    def on_belief(self, event: ReflectionCreated | ReflectionReinforced, state: dict[str, Any]) -> list[Event]:
+        """Remember a belief the view may not hold yet; decide it now if it
+        arrives citing what is already gone."""
+        rid = event.reflection_id
+        if len(state["pending"]) >= PENDING_PRUNE:
+            self._prune(event.user_id, state)
+        before = state["pending"].get(rid, {})
+        state["pending"][rid] = {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence,
+                                 "depth": getattr(event, "depth", None) or before.get("depth", 1)}
+        decided = state["decided"].get(rid, {})
+        lost = [e for e in event.evidence_ids if e in state["gone"] and e not in decided.get("lost", ())]
+        if not lost or decided.get("status") == "invalid":
+            return []
+        payload = {"reflection_id": rid, "status": "live", **state["pending"][rid],
+                   **{k: v for k, v in decided.items() if k != "lost"}}
+        return self._decide(event.user_id, lost[0], [(lost[0], payload)], state)
+
+    def _decide(self, user: str, cause: str, seeds, state: dict[str, Any]) -> list[Event]:
+        reached, parent = reach(seeds, self._dependents(user, state), self.max_depth, root=cause)
+        erasure = state["gone"][cause]["erasure"]
+        lost_before = {rid: d["lost"] for rid, d in state["decided"].items()}
+        decisions = decide(reached, parent, cause, set(state["gone"]), lost_before, self.floor, erasure)
+        at, expired = state["gone"][cause]["at"], now()
+        out: list[Event] = []
+        for d in decisions:
+            state["decided"][d.reflection_id] = {
+                "lost": sorted({*lost_before.get(d.reflection_id, ()), *d.lost}),
+                "status": "invalid" if d.status == "invalid" else "live", "confidence": d.confidence}
+            if d.status == "invalid":
+                state["gone"][d.reflection_id] = {"at": at, "erasure": erasure}
+            out.append(ReflectionInvalidated(
+                event_id=f"invalidated:{d.reflection_id}:{cause}", user_id=user, reflection_id=d.reflection_id,
+                cause=cause, path=d.path, status=d.status, invalid_at=at, expired_at=expired,
+                confidence=d.confidence, surviving_evidence_ids=d.surviving, erased=erasure))
+            # What still stands is reflected on again: to confirm a weakened belief, or
+            # to re-derive, without the erased text, one an erasure took away.
+            if len(d.surviving) >= self.floor and (d.status == "weakened" or erasure):
+                out.append(self._revalidation(user, d, cause, at, state))
+        return out
+
+    def _revalidation(self, user: str, d: Decision, cause: str, at: str, state) -> ReflectionRequested:
+        beliefs = self.view.get([point_id("reflection", user, e) for e in d.surviving])
+        is_belief = {e for e in d.surviving if point_id("reflection", user, e) in beliefs or e in state["pending"]}
+        cycle = f"{user}:revalidate:{uuid.uuid5(REVALIDATE, f'{d.reflection_id}:{cause}')}"
+        return ReflectionRequested(
+            event_id=f"request:{cycle}", user_id=user, cycle_id=cycle, why="revalidation", occurred_at=at,
+            reflection_id=d.reflection_id, evidence_ids=d.surviving,
+            window_episode_ids=tuple(e for e in d.surviving if e not in is_belief),
+            window_reflection_ids=tuple(e for e in d.surviving if e in is_belief))
