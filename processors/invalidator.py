@@ -68,9 +68,11 @@ class Invalidator:
         user, cause = event.user_id, event.episode_id
         pid = point_id("episode", user, cause)
         known = "recorded_at" in self.view.get([pid]).get(pid, {})  # a tombstone has none
-        if cause in state["gone"]:
+        erasure = event.reason == "erasure"
+        if cause in state["gone"] and (state["gone"][cause]["erasure"] or not erasure):
             return [], known  # redelivered: decided already
-        state["gone"][cause] = {"at": event.occurred_at, "erasure": event.reason == "erasure"}
+        # New, or an episode retracted before and now to be erased as well.
+        state["gone"][cause] = {"at": state["gone"].get(cause, {}).get("at", event.occurred_at), "erasure": erasure}
         self._prune(user, state)
         seeds = [(cause, p) for p in self._dependents(user, state)(cause)]
         return self._decide(user, cause, seeds, state), known or bool(seeds)
@@ -106,7 +108,7 @@ class Invalidator:
             if d.status == "invalid":
                 state["gone"][d.reflection_id] = {"at": at, "erasure": erasure}
             out.append(ReflectionInvalidated(
-                event_id=f"invalidated:{d.reflection_id}:{cause}", user_id=user, reflection_id=d.reflection_id,
+                event_id=f"invalidated:{d.reflection_id}:{cause}{':erasure' if erasure else ''}", user_id=user, reflection_id=d.reflection_id,
                 cause=cause, path=d.path, status=d.status, invalid_at=at, expired_at=expired,
                 confidence=d.confidence, surviving_evidence_ids=d.surviving, erased=erasure))
             # What still stands is reflected on again: to confirm a weakened belief, or

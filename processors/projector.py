@@ -153,8 +153,9 @@ def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -
     """The payload keys an event sets on a projected belief, and whether its
     text and vector go (an erasure). Invalid is terminal: later events of an
     invalid belief change nothing."""
-    if payload.get("status") == "invalid":
-        return {}, False
+    if payload.get("status") == "invalid":  # terminal, but an erasure still takes the text
+        erased = isinstance(event, ReflectionInvalidated) and bool(event.erased)
+        return ({"erased_at": event.expired_at}, True) if erased else ({}, False)
     history = [*payload.get("history", ())]
     if isinstance(event, ReflectionReinforced):
         history.append({"at": event.recorded_at, "status": "live", "confidence": event.confidence})

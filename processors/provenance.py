@@ -73,12 +73,14 @@ def decide(reached: Mapping[str, dict[str, Any]], parent: Mapping[str, str], roo
     out = []
     for rid in sorted(reached, key=lambda r: (int(reached[r].get("depth", 1)), r)):
         payload = reached[rid]
-        if payload.get("status") == "invalid":
-            continue
         evidence = list(payload.get("evidence_ids", ()))
         lost = tuple(e for e in evidence if e in gone)
-        if not lost or set(lost) <= set(lost_before.get(rid, ())):
+        # An erasure reaches beliefs already invalid or already weakened by the
+        # same episode too: their text still has to go.
+        if not erasure and (payload.get("status") == "invalid" or set(lost) <= set(lost_before.get(rid, ()))):
             continue  # nothing it rests on changed
+        if not lost:
+            continue
         surviving = tuple(e for e in evidence if e not in gone)
         invalid = erasure or len(surviving) < floor
         confidence = 0.0 if invalid else float(payload.get("confidence", 0.5)) * len(surviving) / len(evidence)

@@ -26,8 +26,9 @@ def world(tmp_path):
             episodes.apply([EpisodeRecorded(user_id="ann", episode_id=eid, text=text or f"episode {eid}",
                                             importance=0.5)])
 
-        def belief(self, rid, evidence, depth=1, confidence=0.6, project=True):
-            event = ReflectionCreated(user_id="ann", reflection_id=rid, cycle_id="ann:1", text=f"belief {rid}",
+        def belief(self, rid, evidence, depth=1, confidence=0.6, project=True, text_of=None):
+            event = ReflectionCreated(user_id="ann", reflection_id=rid, cycle_id="ann:1",
+                                      text=text_of or f"belief {rid}",
                                       evidence_ids=tuple(evidence), depth=depth, importance=0.5,
                                       confidence=confidence, reasoner="offline", prompt_version="v1",
                                       question="q?")
@@ -138,6 +139,20 @@ def test_erasure_takes_the_text_of_the_episode_and_of_every_belief_derived_from_
     for _, payload in world.view_.scroll("ann"):
         assert "SECRET" not in repr(payload)
         assert payload.get("kind") == "episode" or payload["status"] == "invalid" and "text" not in payload
+
+
+def test_erasing_an_episode_retracted_before_takes_the_text_the_first_retraction_left(world):
+    for e in "abc":
+        world.episode(e, f"SECRET-{e}")
+    world.belief("w", ["a", "b", "c"], text_of="derived from SECRET-a")
+    world.belief("x", ["a", "b"], text_of="derived from SECRET-a too")
+    out, _ = world.retract("a")
+    assert invalidated(out) == {"w": "weakened", "x": "invalid"} and "SECRET-a" in repr(world.payload("x"))
+    out, _ = world.retract("a", reason="erasure")
+    assert invalidated(out) == {"w": "invalid", "x": "invalid"}
+    assert len({e.event_id for e in out}) == len(out)  # new ids: a subscriber that dedupes still sees them
+    assert "SECRET-a" not in repr([p for _, p in world.view_.scroll("ann")])
+    assert world.retract("a", reason="erasure")[0] == []  # and once is enough
 
 
 def test_explain_shows_the_provenance_tree_with_each_status(world):
