@@ -35,26 +35,35 @@ def episode_point(event: EpisodeRecorded | EpisodeRetracted) -> str:
 class Plan:
     upserts: list[EpisodeRecorded] = field(default_factory=list)
     retractions: list[EpisodeRetracted] = field(default_factory=list)
+    # The EpisodeRecorded that came before a retraction in the same batch: the
+    # retraction leaves what it would have left had they come in two batches.
+    retracted_records: dict[str, EpisodeRecorded] = field(default_factory=dict)
 
 
 def plan_episodes(events: Sequence[Event], retracted: set[str]) -> Plan:
     """What a batch does to the view, given the point ids already retracted there.
 
     The last EpisodeRecorded of a point wins; a retraction anywhere in the batch
-    (or already in the view) suppresses every upsert of that point.
+    (or already in the view) suppresses every upsert of that point. The result
+    does not depend on where batch boundaries fall, so a replay in other batches
+    (a rebuild) builds the same view.
     """
     recorded: dict[str, EpisodeRecorded] = {}
     retractions: dict[str, EpisodeRetracted] = {}
+    before: dict[str, EpisodeRecorded] = {}
     for event in events:
         pid = episode_point(event)
         if isinstance(event, EpisodeRetracted):
+            if pid not in retractions and pid in recorded:
+                before[pid] = recorded[pid]
             retractions.setdefault(pid, event)
-        elif isinstance(event, EpisodeRecorded):
+        elif isinstance(event, EpisodeRecorded) and pid not in retractions:
             recorded[pid] = event
     gone = retracted | retractions.keys()
     return Plan(
         upserts=[e for pid, e in recorded.items() if pid not in gone],
         retractions=[e for pid, e in retractions.items() if pid not in retracted],
+        retracted_records={pid: e for pid, e in before.items() if pid not in retracted},
     )
 
 
@@ -89,6 +98,12 @@ def retraction_payload(event: EpisodeRetracted) -> dict:
     }
 
 
+def stripped(recorded: EpisodeRecorded | None, retraction: EpisodeRetracted) -> dict:
+    """A retracted episode's payload: what stripping its point would leave."""
+    kept = {k: v for k, v in episode_payload(recorded).items() if k != "text"} if recorded else {}
+    return {**kept, **retraction_payload(retraction)}
+
+
 @dataclass
 class Projected:
     upserted: int = 0
@@ -116,7 +131,8 @@ class EpisodeProjector:
         # the EpisodeRecorded that may still arrive cannot resurrect it.
         present = [e for e in plan.retractions if episode_point(e) in known]
         absent = [e for e in plan.retractions if episode_point(e) not in known]
-        self.view.upsert([ViewPoint(episode_point(e), None, retraction_payload(e)) for e in absent])
+        self.view.upsert([ViewPoint(episode_point(e), None, stripped(plan.retracted_records.get(episode_point(e)), e))
+                          for e in absent])
         for event in present:
             self.view.strip([episode_point(event)], retraction_payload(event), drop=["text"])
         # No flush per batch: Qdrant Edge writes each update to its WAL first,

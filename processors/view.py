@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,14 @@ class VectorStore(Protocol):
 
     def close(self) -> None: ...
 
+    # The rebuild: a fresh physical view behind the same stable name, filled
+    # while this one serves, then made the one reads use (atomically).
+    def successor(self) -> "VectorStore": ...
+
+    def promote(self) -> None: ...
+
+    def drop(self) -> None: ...
+
 
 def _floats(vector: Sequence[float]) -> list[float]:
     return vector.tolist() if hasattr(vector, "tolist") else [float(x) for x in vector]
@@ -83,23 +92,32 @@ def _active_name(root: Path, view: str) -> str:
     pointer = root / f"{view}.json"
     if pointer.exists():
         return json.loads(pointer.read_text())["active"]
-    name = f"{view}-0001"
+    _point(root, view, f"{view}-0001")
+    return f"{view}-0001"
+
+
+def _point(root: Path, view: str, name: str) -> None:
     root.mkdir(parents=True, exist_ok=True)
+    pointer = root / f"{view}.json"
     tmp = pointer.with_suffix(".tmp")
     tmp.write_text(json.dumps({"active": name}))
     os.replace(tmp, pointer)  # atomic: a reader sees the old pointer or the new one
-    return name
+
+
+def _next_name(view: str, name: str) -> str:
+    number = name.rsplit("-", 1)[-1]
+    return f"{view}-{int(number) + 1 if number.isdigit() else 1:04d}"
 
 
 class EdgeView:
-    def __init__(self, root: str | Path, view: str, dim: int) -> None:
+    def __init__(self, root: str | Path, view: str, dim: int, name: str | None = None) -> None:
+        """The active shard of `view`, or (`name`) a named one, e.g. a successor."""
         import qdrant_edge as q
 
         self._q = q
-        self.dim = dim
-        root = Path(root)
-        self.name = _active_name(root, view)
-        path = root / self.name
+        self.dim, self.root, self.view = dim, Path(root), view
+        self.name = name or _active_name(self.root, view)
+        path = self.path = self.root / self.name
         config = q.EdgeConfig(vectors={VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)})
         try:
             if (path / "wal").exists():
@@ -180,11 +198,26 @@ class EdgeView:
             shard.flush()
             shard.close()
 
+    def successor(self) -> "EdgeView":
+        name = _next_name(self.view, self.name)
+        shutil.rmtree(self.root / name, ignore_errors=True)  # what a failed rebuild left
+        return EdgeView(self.root, self.view, self.dim, name=name)
+
+    def promote(self) -> None:
+        self.flush()
+        _point(self.root, self.view, self.name)
+
+    def drop(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
 
 class QdrantView:
     """Qdrant server (or qdrant-client's local mode, for tests) behind an alias."""
 
-    def __init__(self, client, view: str, dim: int) -> None:
+    def __init__(self, client, view: str, dim: int, name: str | None = None) -> None:
+        """The collection behind the alias `view`, or (`name`) a named one, e.g. a
+        successor, addressed by its own name until promoted."""
         from qdrant_client import models
 
         self._m = models
@@ -192,7 +225,8 @@ class QdrantView:
         self.dim = dim
         self.view = view
         aliases = {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
-        self.name = aliases.get(view, f"{view}-0001")
+        self.name = name or aliases.get(view, f"{view}-0001")
+        self.target = self.name if name else view
         if not client.collection_exists(self.name):
             client.create_collection(self.name, vectors_config={
                 VECTOR: models.VectorParams(size=dim, distance=models.Distance.COSINE)})
@@ -201,7 +235,7 @@ class QdrantView:
             for key in INDEXED[1:]:
                 client.create_payload_index(self.name, key, models.PayloadSchemaType.KEYWORD)
             client.create_payload_index(self.name, TIMED, models.PayloadSchemaType.DATETIME)
-        if view not in aliases:
+        if view not in aliases and not name:
             client.update_collection_aliases([models.CreateAliasOperation(
                 create_alias=models.CreateAlias(collection_name=self.name, alias_name=view))])
 
@@ -223,7 +257,7 @@ class QdrantView:
 
     def upsert(self, points: Sequence[ViewPoint]) -> None:
         if points:
-            self.client.upsert(self.view, [
+            self.client.upsert(self.target, [
                 self._m.PointStruct(id=p.id, payload=p.payload,
                                     vector={VECTOR: _floats(p.vector)} if p.vector is not None else {})
                 for p in points
@@ -232,27 +266,27 @@ class QdrantView:
     def strip(self, ids: Sequence[str], payload: dict[str, Any], drop: Sequence[str]) -> None:
         if ids:
             ids = list(ids)
-            self.client.delete_vectors(self.view, vectors=[VECTOR], points=ids)
-            self.client.set_payload(self.view, payload=payload, points=ids)
+            self.client.delete_vectors(self.target, vectors=[VECTOR], points=ids)
+            self.client.set_payload(self.target, payload=payload, points=ids)
             if drop:
-                self.client.delete_payload(self.view, keys=list(drop), points=ids)
+                self.client.delete_payload(self.target, keys=list(drop), points=ids)
 
     def patch(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         if ids:
-            self.client.set_payload(self.view, payload=payload, points=list(ids))
+            self.client.set_payload(self.target, payload=payload, points=list(ids))
 
     def get(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
-        return {str(r.id): dict(r.payload or {}) for r in self.client.retrieve(self.view, list(ids))}
+        return {str(r.id): dict(r.payload or {}) for r in self.client.retrieve(self.target, list(ids))}
 
     def count(self, user_id: str, **match: str) -> int:
-        return self.client.count(self.view, count_filter=self._filter(user_id, match), exact=True).count
+        return self.client.count(self.target, count_filter=self._filter(user_id, match), exact=True).count
 
     def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
                **match: str) -> list[Hit]:
         found = self.client.query_points(
-            self.view, query=_floats(vector), using=VECTOR, limit=k,
+            self.target, query=_floats(vector), using=VECTOR, limit=k,
             query_filter=self._filter(user_id, match, before), with_payload=True,
             search_params=self._m.SearchParams(exact=True)).points
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
@@ -260,7 +294,7 @@ class QdrantView:
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]:
         offset = None
         while True:
-            records, offset = self.client.scroll(self.view, scroll_filter=self._filter(user_id, match),
+            records, offset = self.client.scroll(self.target, scroll_filter=self._filter(user_id, match),
                                                  limit=512, offset=offset, with_payload=True)
             for r in records:
                 yield str(r.id), dict(r.payload or {})
@@ -273,6 +307,23 @@ class QdrantView:
     def close(self) -> None:
         self.client.close()
 
+    def successor(self) -> "QdrantView":
+        name = _next_name(self.view, self.name)
+        if self.client.collection_exists(name):  # what a failed rebuild left
+            self.client.delete_collection(name)
+        return QdrantView(self.client, self.view, self.dim, name=name)
+
+    def promote(self) -> None:
+        m = self._m
+        # One call, so a reader resolves the alias to the old collection or the new one.
+        self.client.update_collection_aliases([
+            m.DeleteAliasOperation(delete_alias=m.DeleteAlias(alias_name=self.view)),
+            m.CreateAliasOperation(create_alias=m.CreateAlias(collection_name=self.name, alias_name=self.view))])
+        self.target = self.view
+
+    def drop(self) -> None:
+        self.client.delete_collection(self.name)
+
 
 class Serialized:
     """A view shared by the event loop and the reflector's thread, one call at a
@@ -282,8 +333,16 @@ class Serialized:
     def __init__(self, view: VectorStore) -> None:
         self._view, self._lock = view, threading.Lock()
 
+    def swap(self, view: VectorStore) -> VectorStore:
+        """Serve `view` from the next call on; returns the one it replaces."""
+        with self._lock:
+            old, self._view = self._view, view
+            return old
+
     def __getattr__(self, name: str):
         method = getattr(self._view, name)
+        if not callable(method):
+            return method
 
         def locked(*args, **kwargs):
             with self._lock:

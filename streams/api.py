@@ -229,6 +229,27 @@ def install(runtime, accumulators, spend, episodes_topic, requests_topic) -> Non
                 "tokens_today": Spend.from_dict(spend.get(f"user:{user_id}")).today(day_of(datetime.now(timezone.utc))),
             })
 
+    rebuilding: dict[str, Any] = {"progress": None, "task": None}
+
+    @app.page("/v1/admin/rebuild")
+    class Rebuild(View):
+        @answers_json
+        async def post(self, request: Request) -> Response:
+            """Start a rebuild of the view from the log (one at a time)."""
+            from streams.rebuild import Progress, rebuild
+
+            task = rebuilding["task"]
+            if task is not None and not task.done():
+                raise ApiError(409, "conflict", "a rebuild is already running")
+            progress = rebuilding["progress"] = Progress()
+            rebuilding["task"] = asyncio.ensure_future(rebuild(runtime, runtime.projection_lock, progress))
+            return self.json({"state": "running", "old_view": runtime.view.name}, status=202)
+
+        @answers_json
+        async def get(self, request: Request) -> Response:
+            progress = rebuilding["progress"]
+            return self.json(progress.to_dict() if progress else {"state": "idle", "view": runtime.view.name})
+
     @app.page("/v1/reasoner")
     class ReasonerState(View):
         @answers_json

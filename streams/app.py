@@ -7,6 +7,7 @@ reason), then hand validated records to a processor's pure core.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +44,8 @@ class Runtime:
     breaker: Breaker
     budget: Budget
     tally: Tally
+    # Held by the live projectors while they apply and by a rebuild while it swaps.
+    projection_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
 def _patch_fetch_wait() -> None:
@@ -154,14 +157,17 @@ def create_app(settings: Settings) -> Runtime:
     @app.agent(episodes, name="projector")
     async def project(stream):
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
-            await apply_or_dead_letter(projector.apply, await admitted(batch, EPISODE_TYPES), dead_letter)
+            records = await admitted(batch, EPISODE_TYPES)
+            async with runtime.projection_lock:
+                await apply_or_dead_letter(projector.apply, records, dead_letter)
 
     @app.agent(reflections, name="reflection-projector")
     async def project_reflections(stream):
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
             # Invalidations and audit events are valid here; only these change the view yet.
             records = [(r, m) for r, m in await admitted(batch, ON_REFLECTIONS) if isinstance(r, REFLECTION_TYPES)]
-            await apply_or_dead_letter(reflection_projector.apply, records, dead_letter)
+            async with runtime.projection_lock:
+                await apply_or_dead_letter(reflection_projector.apply, records, dead_letter)
 
     @app.agent(raw_topic(settings.topic_episodes, settings.topic_reflections), name="accumulator")
     async def accumulate(stream):

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--reflection-id", required=True)
     explain.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API (default: reflect up's)")
     explain.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+    rebuild = commands.add_parser("rebuild", help=(
+        "replay episodes and reflections into a fresh view in the running worker, then swap it in"))
+    rebuild.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API (default: reflect up's)")
+    rebuild.add_argument("--timeout", type=float, default=3600.0, help="seconds to follow it (default 3600)")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
     return parser
 
@@ -101,10 +105,14 @@ def _run(args: argparse.Namespace) -> int:
         from streams.demo import demo
 
         return demo(args)
-    if args.command == "explain":
-        from streams.explain import explain
+    if args.command in ("explain", "rebuild"):
+        from streams import client
 
-        return explain(args)
+        try:
+            return getattr(client, args.command)(args)
+        except RuntimeError as exc:
+            print(f"reflect: error: {exc}", file=sys.stderr)
+            return 1
     settings = _load(args)
     if args.command == "settings":
         for spec in SPECS:

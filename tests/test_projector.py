@@ -84,3 +84,23 @@ def test_apply_projects_payload_and_retraction_leaves_a_tombstone(projector):
                  "depth": 0}
     assert a["status"] == z["status"] == "retracted" and "text" not in a and "text" not in z
     assert view.count("u", status="recorded") == 1
+
+
+def test_the_view_does_not_depend_on_where_batches_end(tmp_path):
+    """A rebuild replays in other batches than the live run: same view."""
+    events = [EpisodeRecorded(user_id="ann", episode_id="e1", text="first", importance=0.5, source="chat"),
+              EpisodeRecorded(user_id="ann", episode_id="e2", text="second", importance=0.5),
+              EpisodeRetracted(user_id="ann", episode_id="e1"),
+              EpisodeRetracted(user_id="ann", episode_id="e3"),
+              EpisodeRecorded(user_id="ann", episode_id="e3", text="late", importance=0.5)]
+    views = []
+    for name, batches in (("one", [events]), ("each", [[e] for e in events])):
+        view = EdgeView(tmp_path / name, "reflect", 384)
+        projector = EpisodeProjector(view, HashingEmbedder())
+        for batch in batches:
+            projector.apply(batch)
+        views.append(dict(view.scroll("ann")))
+        view.close()
+    one, each = views
+    assert one == each
+    assert all("text" not in p for p in one.values() if p["status"] == "retracted")

@@ -86,8 +86,12 @@ def test_retractions_walk_the_provenance_graph(stack):
     run(_retract(s, ("gil", "gil-a", "incorrect"), ("dee", "dee-a", "incorrect"), ("wes", "wes-a", "incorrect"),
                  ("wes", "never-recorded", "incorrect")))
 
-    events = run(_events(s, s.topic_reflections, lambda seen: any(
-        e["type"] == "ReflectionCycleCompleted" and e["why"] == "revalidation" for e in seen)))
+    def settled(seen):  # users sit on different partitions: wait for each one's outcome
+        return (any(e["type"] == "ReflectionCycleCompleted" and e["why"] == "revalidation" for e in seen)
+                and len(invalidations(seen, "gil")) >= 3
+                and any(e["reflection_id"] == "dee-top" for e in invalidations(seen, "dee")))
+
+    events = run(_events(s, s.topic_reflections, settled))
     assert {e["reflection_id"]: e["status"] for e in invalidations(events, "gil")} == {
         "gil-b1": "invalid", "gil-b2": "invalid", "gil-top": "invalid"}
     top = [e for e in invalidations(events, "dee") if e["reflection_id"] == "dee-top"]

@@ -122,3 +122,19 @@ def test_edge_shard_has_one_owner(tmp_path):
             EdgeView(tmp_path, "reflect", DIM)
     finally:
         first.close()
+
+
+def test_a_successor_fills_while_the_view_serves_then_takes_its_place(make_view):
+    view = make_view("beliefs")
+    view.upsert([point(i) for i in range(3)])
+    new = view.successor()
+    assert new.name != view.name and new.count("alice") == 0
+    new.upsert([point(i) for i in range(5)])
+    assert view.count("alice") == 3  # reads still answer from the old one
+    new.promote()
+    old_name = view.name
+    view.drop()
+    new.flush()
+    new.close()
+    again = make_view("beliefs")  # what a restart opens under the stable name
+    assert again.name == new.name != old_name and again.count("alice") == 5

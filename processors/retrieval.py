@@ -1,0 +1,148 @@
+"""Recall: answer a question from raw episodes or from beliefs, whichever fits it.
+
+A question about one event ("when did the deploy fail?") wants the episode
+itself, with its timestamp: a belief is a summary and would lose the detail.
+A question about a habit ("how does the user usually handle flaky tests?")
+wants a belief, with the episodes it rests on attached so the answer can be
+checked. `classify` picks the route by rules (cheap, deterministic, each
+decision explained); `recall` reads the view for that route.
+
+Every read is filtered to one user and every payload read back is checked
+again: a view bug or a forged citation must never surface another user's memory.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from processors.projector import point_id
+from processors.reflection import Candidate, rerank
+
+_MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
+_DAY = r"(?:mon|tues|wednes|thurs|fri|satur|sun)day"
+# (label, pattern, weight). A strong cue weighs 2; a hint that also occurs in the
+# other kind of question weighs 1, so a strong cue of the other kind outweighs it.
+INSTANCE_CUES = [
+    ("when did", r"\bwhen (?:did|was|were)\b", 2),
+    ("what did … say", r"\bwhat did\b.*\b(?:say|write|reply|comment|ask|tell|decide|answer)\b", 2),
+    ("what did", r"\bwhat did\b", 1),
+    ("date", rf"\b(?:on )?{_MONTH} \d{{1,2}}\b|\b\d{{4}}-\d{{2}}-\d{{2}}\b|\b\d{{1,2}}/\d{{1,2}}\b", 2),
+    ("relative day", rf"\b(?:yesterday|today|tonight|this morning"
+                     rf"|last (?:{_DAY}|week|month|night|sprint|release))\b", 2),
+    ("ago", r"\b\d+ (?:minutes?|hours?|days?|weeks?) ago\b|\bago\b", 2),
+    ("which …", r"\bwhich (?:pr|pull request|commit|branch|deploy|build|release|test|issue|ticket"
+                r"|file|job|migration|version)\b", 2),
+    ("the time that", r"\bthe (?:time|day|incident|one) (?:that|when)\b", 2),
+    ("did … ever", r"\bdid (?:the user|they|he|she|we|you|i|\w+) ever\b", 2),
+    ("last/first time", r"\b(?:last|first) time\b", 2),
+    ("what happened", r"\bwhat happened\b", 2),
+    ("number", r"#\d+|\b(?:pr|issue|ticket|build|run|incident) \d+\b", 2),
+    ("who did", r"\bwho (?:merged|approved|reviewed|reverted|broke|wrote|opened|closed|deployed)\b", 2),
+    ("past-tense question", r"^\s*(?:\w+ )?(?:did|was|were|had)\b", 1),
+]
+PATTERN_CUES = [
+    ("usually", r"\busually\b", 2), ("always", r"\balways\b", 2), ("never", r"\bnever\b", 2),
+    ("tends to", r"\btends? to\b|\btendency\b", 2), ("typically", r"\btypical(?:ly)?\b", 2),
+    ("prefer", r"\bprefer(?:s|red|ence|ences)?\b", 2), ("habit", r"\bhabits?\b|\bhabitual(?:ly)?\b", 2),
+    ("pattern", r"\bpatterns?\b", 2), ("every time", r"\b(?:every|each) time\b|\bwhenever\b", 2),
+    ("generally", r"\bgeneral(?:ly)?\b", 2), ("often", r"\boften\b|\bfrequently\b", 2),
+    ("normally", r"\bnormally\b|\bby default\b|\bmost of the time\b|\bas a rule\b", 2),
+    ("what does … like/want", r"\bwhat (?:does|do) .*\b(?:like|want|expect|care about|dislike|hate)\b", 2),
+    ("likes to", r"\b(?:likes?|wants?|loves?|hates?) to\b|\bdislikes?\b", 1.5),
+    ("how does …", r"\bhow (?:does|do)\b", 1.5),
+    ("every", r"\bevery\b|\brecurring\b|\brepeatedly\b|\bin the habit\b", 1),
+    ("style", r"\b(?:style|conventions?|approach|workflow|rule of thumb)\b", 1),
+]
+# No cue at all: a present-tense question about the user is general ("what does
+# the user do about retries?"); anything else ("the deploy that broke auth")
+# names a thing, so look for the thing.
+GENERAL = re.compile(r"\b(?:what|how|why|which \w+) (?:does|do|is|are)\b"
+                     r"|^\s*(?:does|do|is|are) (?:the user|they|he|she|we)\b")
+
+
+def _cues(text: str, cues) -> list[tuple[str, float]]:
+    return [(label, weight) for label, pattern, weight in cues if re.search(pattern, text)]
+
+
+def _named(kind: str, found: list[tuple[str, float]]) -> str:
+    return f"{kind} cue{'s' if len(found) > 1 else ''} " + ", ".join(f"'{label}'" for label, _ in found)
+
+
+def classify(query: str) -> tuple[str, str]:
+    """("instance" | "pattern", why): the kind with the heavier matched cues wins;
+    a tie, or no cue at all, goes to the GENERAL default."""
+    text = query.lower()
+    inst, patt = _cues(text, INSTANCE_CUES), _cues(text, PATTERN_CUES)
+    a, b = sum(w for _, w in inst), sum(w for _, w in patt)
+    if a != b:
+        route, won, lost, other = ("instance", inst, patt, "pattern") if a > b else ("pattern", patt, inst, "instance")
+        return route, _named(route, won) + (f" over {_named(other, lost)}" if lost else "")
+    route = "pattern" if GENERAL.search(text) else "instance"
+    why = "a general question" if route == "pattern" else "names a specific thing"
+    start = f"{_named('instance', inst)} ties {_named('pattern', patt)}" if inst else "no cue"
+    return route, f"{start}; default {route} ({why})"
+
+
+def _search(view, user_id: str, vector, k: int, kind: str, status: str) -> list[tuple[Candidate, dict]]:
+    """The user's 4k nearest records of this kind and status (rerank then keeps k),
+    each payload checked again: user, kind, status, and a text to serve."""
+    return [(Candidate(p.get("episode_id") or p.get("reflection_id"), kind, p["text"],
+                       float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score), p)
+            for h in view.search(user_id, vector, 4 * k, kind=kind, status=status) for p in [h.payload]
+            if p.get("user_id") == user_id and p.get("kind") == kind and p.get("status") == status and p.get("text")]
+
+
+def _evidence(view, user_id: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Cited records by record id. Point ids embed the user, so a belief citing an
+    id only another user holds resolves to nothing; the payload check is a second lock.
+    Retracted episodes and invalid beliefs are left out: they no longer support anything."""
+    keys = {point_id(kind, user_id, rid): (kind, rid) for rid in ids for kind in ("episode", "reflection")}
+    out = {}
+    for pid, p in view.get(list(keys)).items():
+        kind, rid = keys[pid]
+        if p.get("user_id") == user_id and p.get("text") and p.get("status") in ("recorded", "live"):
+            out[rid] = {"id": rid, "kind": kind, "text": p["text"], "occurred_at": p.get("occurred_at")}
+    return out
+
+
+def recall(view, embedder, user_id: str, query: str, mode: str = "auto", k: int = 10,
+           now: datetime | None = None, min_belief_score: float = 0.35) -> dict[str, Any]:
+    """{"route", "reason", "results"} for the user's query.
+
+    Results are in rerank order (recency + importance + similarity, as the
+    reflector ranks evidence); each "score" is the cosine similarity to the query,
+    because the rerank score is min-max normalised within one candidate set and
+    so means nothing across queries or against `min_belief_score`.
+    Pattern serves only live beliefs with similarity ≥ min_belief_score, and
+    falls back to episodes when there is none.
+    """
+    if mode not in ("auto", "instance", "pattern"):
+        raise ValueError(f"unknown recall mode {mode!r}: expected 'auto', 'instance' or 'pattern'")
+    route, reason = classify(query) if mode == "auto" else (mode, f"mode {mode!r} requested")
+    now = now or datetime.now(timezone.utc)
+    now = now if now.tzinfo else now.replace(tzinfo=timezone.utc)  # a naive time is taken as UTC
+    vector = embedder.embed([query])[0]
+    found = []
+    if route == "pattern":
+        beliefs = _search(view, user_id, vector, k, "reflection", "live")
+        found = [(c, p) for c, p in beliefs if c.similarity >= min_belief_score]
+        if not found:
+            best = (f"best {max(c.similarity for c, _ in beliefs):.2f} < {min_belief_score:.2f}"
+                    if beliefs else "no live belief")
+            reason += f"; no belief matched well ({best}); episodes instead"
+    if not found:
+        found = _search(view, user_id, vector, k, "episode", "recorded")
+    cited = {c.id: list(p.get("evidence_ids", ())) for c, p in found if c.kind == "reflection"}
+    ranked = rerank([c for c, _ in found], now, k)
+    evidence = _evidence(view, user_id, sorted({e for c in ranked for e in cited.get(c.id, ())}))
+    results = []
+    for c in ranked:
+        result = {"id": c.id, "kind": c.kind, "text": c.text, "score": round(c.similarity, 4),
+                  "occurred_at": c.occurred_at}
+        if c.kind == "reflection":
+            result["evidence_ids"] = cited[c.id]
+            result["evidence"] = [evidence[e] for e in cited[c.id] if e in evidence]
+        results.append(result)
+    return {"route": route, "reason": reason, "results": results}

@@ -1,0 +1,109 @@
+"""The rebuild: replay `episodes` and `reflections` into a fresh view, then swap.
+
+Reflect's REFRESH MATERIALIZED VIEW CONCURRENTLY. It runs inside the worker
+that owns the view (a Qdrant Edge shard has one owner), on its own consumer
+outside the group, so the live projectors go on writing the old view and reads
+go on answering from it. The replay reads every partition to its end; then,
+with the live projectors paused, it reads to the end again (what arrived
+meanwhile), swaps the view in, and lets them go on — into the new view.
+Nothing published is missed: what the paused projectors have not applied is
+before that end. (With several workers on one Qdrant server, the others'
+projectors are not paused: run the rebuild while they are stopped, or accept
+that what they apply during the last read may miss the new collection.) Beliefs come
+from their recorded events: the reasoner is never called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
+from schemas import ContractError, decode
+
+log = logging.getLogger("reflect")
+
+
+@dataclass
+class Progress:
+    state: str = "idle"  # idle | running | swapping | done | failed
+    events: int = 0
+    total: int = 0
+    started: float = 0.0
+    seconds: float = 0.0
+    old_view: str | None = None
+    new_view: str | None = None
+    error: str | None = None
+    skipped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        elapsed = self.seconds or (time.monotonic() - self.started if self.started else 0.0)
+        return {"state": self.state, "events": self.events, "total": self.total,
+                "seconds": round(elapsed, 3), "rate": round(self.events / elapsed, 1) if elapsed else 0.0,
+                "old_view": self.old_view, "new_view": self.new_view, "error": self.error,
+                "skipped": len(self.skipped)}
+
+
+async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, progress: Progress) -> None:
+    """Apply every event to the end of each partition: at least `floor` (the
+    end offsets), and on to the high watermark the fetches report — Tansu's
+    ListOffsets answers the last batch's base offset, so end offsets alone
+    would stop short of a tail published in one batch."""
+    while True:
+        batches = await consumer.getmany(*parts, timeout_ms=200, max_records=2000)
+        for tp, messages in batches.items():
+            records = []
+            for m in messages:
+                try:
+                    records.append(decode(m.value))
+                except ContractError:  # it went to a dead-letter topic when it was first read
+                    progress.skipped.append(f"{tp.topic}[{tp.partition}]@{m.offset}")
+            projectors[tp.topic]([r for r in records if isinstance(r, EPISODE_TYPES + REFLECTION_TYPES)])
+            progress.events += len(messages)
+        if not any(batches.values()):
+            ends = {tp: max(floor[tp], consumer.highwater(tp) or 0) for tp in parts}
+            behind = [tp for tp in parts if await consumer.position(tp) < ends[tp]]
+            progress.total = max(progress.total, progress.events + len(behind))
+            if not behind:
+                return
+
+
+async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) -> None:
+    settings, embedder = runtime.settings, runtime.embedder
+    progress.state, progress.started = "running", time.monotonic()
+    fresh = runtime.view.successor()
+    progress.old_view, progress.new_view = runtime.view.name, fresh.name
+    episodes, reflections = EpisodeProjector(fresh, embedder), ReflectionProjector(fresh, embedder)
+    projectors = {settings.topic_episodes: episodes.apply, settings.topic_reflections: reflections.apply}
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(t, p) for t in projectors for p in range(settings.partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        start, until = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
+        progress.total = sum(until[tp] - start[tp] for tp in parts)  # a lower bound on Tansu
+        await _replay(consumer, parts, until, projectors, progress)
+        async with projection_lock:  # the live projectors wait here, briefly
+            progress.state = "swapping"
+            await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, progress)
+            fresh.promote()
+            old = runtime.view.swap(fresh)
+        old.drop()
+        progress.state, progress.seconds = "done", time.monotonic() - progress.started
+        log.warning("rebuild: %d events into %s in %.1f s; %s dropped", progress.events, fresh.name,
+                    progress.seconds, progress.old_view)
+    except Exception as exc:
+        progress.state, progress.error = "failed", f"{type(exc).__name__}: {exc}"
+        progress.seconds = time.monotonic() - progress.started
+        log.exception("rebuild failed; the old view keeps serving")
+        fresh.drop()
+    finally:
+        await consumer.stop()
+
