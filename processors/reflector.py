@@ -134,7 +134,8 @@ def _completed(request, reasoner, outcome, error, usage, started, questions=(), 
         event_id=f"cycle:{request.cycle_id}", user_id=request.user_id, cycle_id=request.cycle_id,
         why=request.why, questions=tuple(q[:2000] for q in questions), kept=kept, reinforced=reinforced,
         dropped=dropped, duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
-        reasoner=reasoner.name, error=error, usage=usage.to_dict())
+        reasoner=reasoner.name, error=error, usage=usage.to_dict(),
+        occurred_at=request.occurred_at)  # the cycle's valid time, as its beliefs
 
 
 def _insights(reasoner: Reasoner, asked, n: int):
@@ -178,7 +179,8 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
         return ReflectionReinforced(
             event_id=f"reinforced:{cycle}:{belief.reflection_id}", user_id=user,
             reflection_id=old["reflection_id"], cycle_id=cycle, evidence_ids=merged,
-            added_evidence_ids=added, confidence=round(confidence, 6), similarity=round(min(1.0, near[0].score), 6))
+            added_evidence_ids=added, confidence=round(confidence, 6), similarity=round(min(1.0, near[0].score), 6),
+            occurred_at=request.occurred_at)
     return ReflectionCreated(
         event_id=f"created:{belief.reflection_id}", user_id=user, reflection_id=belief.reflection_id,
         cycle_id=cycle, text=belief.text[:16000], evidence_ids=evidence_ids, depth=belief.depth,

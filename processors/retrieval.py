@@ -18,7 +18,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from processors.projector import point_id
-from processors.reflection import Candidate, rerank
+from processors.reflection import Candidate, Weights, rerank
+
+# Similarity counts double in recall: the reflector's equal weights let a newer,
+# barely related episode outrank the one the question names.
+RECALL_WEIGHTS = Weights(recency=0.5, importance=0.5, similarity=2.0)
 
 _MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
 _DAY = r"(?:mon|tues|wednes|thurs|fri|satur|sun)day"
@@ -108,11 +112,11 @@ def _evidence(view, user_id: str, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def recall(view, embedder, user_id: str, query: str, mode: str = "auto", k: int = 10,
-           now: datetime | None = None, min_belief_score: float = 0.35) -> dict[str, Any]:
+           now: datetime | None = None, min_belief_score: float = 0.3) -> dict[str, Any]:
     """{"route", "reason", "results"} for the user's query.
 
-    Results are in rerank order (recency + importance + similarity, as the
-    reflector ranks evidence); each "score" is the cosine similarity to the query,
+    Results are in rerank order (recency + importance + similarity, similarity
+    weighted double: RECALL_WEIGHTS); each "score" is the cosine similarity to the query,
     because the rerank score is min-max normalised within one candidate set and
     so means nothing across queries or against `min_belief_score`.
     Pattern serves only live beliefs with similarity ≥ min_belief_score, and
@@ -135,7 +139,7 @@ def recall(view, embedder, user_id: str, query: str, mode: str = "auto", k: int 
     if not found:
         found = _search(view, user_id, vector, k, "episode", "recorded")
     cited = {c.id: list(p.get("evidence_ids", ())) for c, p in found if c.kind == "reflection"}
-    ranked = rerank([c for c, _ in found], now, k)
+    ranked = rerank([c for c, _ in found], now, k, RECALL_WEIGHTS)
     evidence = _evidence(view, user_id, sorted({e for c in ranked for e in cited.get(c.id, ())}))
     results = []
     for c in ranked:
@@ -146,3 +150,35 @@ def recall(view, embedder, user_id: str, query: str, mode: str = "auto", k: int 
             result["evidence"] = [evidence[e] for e in cited[c.id] if e in evidence]
         results.append(result)
     return {"route": route, "reason": reason, "results": results}
+
+
+# ------------------------------------------------------------ pinned beliefs
+
+PIN_HALF_LIFE_DAYS = 30.0
+
+
+def pinned_score(belief: dict[str, Any], now: datetime) -> float:
+    """Rank for a system prompt: confident, well-supported, current beliefs.
+    confidence × (1 + ln evidence count) × recency, recency halving every 30
+    days since the belief was last created or reinforced (transaction time)."""
+    import math
+
+    last = belief.get("reinforced_at") or belief.get("created_at")
+    age_days = (now - datetime.fromisoformat(last.replace("Z", "+00:00"))).total_seconds() / 86400 if last else 0
+    evidence = max(1, len(belief.get("evidence_ids", ())))
+    return float(belief.get("confidence", 0.0)) * (1 + math.log(evidence)) * 0.5 ** (max(0.0, age_days) / PIN_HALF_LIFE_DAYS)
+
+
+def prompt_block(beliefs: list[dict[str, Any]], budget_tokens: int) -> tuple[str, int]:
+    """The beliefs, best first, as a system-prompt block that fits the budget
+    (tokens estimated as characters / 4); returns (text, beliefs included)."""
+    header = "What you have learned about this user (beliefs, each from several episodes):"
+    lines, used = [header], len(header) // 4 + 1
+    for b in beliefs:
+        line = f"- {' '.join(b['text'].split())} (confidence {b.get('confidence', 0):.2f})"
+        cost = len(line) // 4 + 1
+        if used + cost > budget_tokens:
+            break
+        lines.append(line)
+        used += cost
+    return ("\n".join(lines) if len(lines) > 1 else ""), len(lines) - 1

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 from faust.web import Request, Response, View
 
-from processors.accumulator import Accumulator
 from processors import provenance
+from processors.accumulator import Accumulator
+from processors.freshness import POLICIES, Freshness
 from processors.guard import Spend, day_of
 from processors.projector import point_id
+from processors.retrieval import pinned_score, prompt_block, recall
 from schemas import ContractError, ReflectionRequested, new_id, now
 from streams.producer import make_episode, make_retraction
 
@@ -94,16 +97,35 @@ def belief(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def live_beliefs(view, user_id: str, limit: int, as_of: str | None = None) -> list[dict[str, Any]]:
-    """The user's live beliefs, most confident first, then newest; with `as_of`
-    (transaction time), those the system held then, as it held them."""
+    """The user's live beliefs, best for a system prompt first (`pinned_score`);
+    with `as_of` (transaction time), those the system held then, as it held them."""
     if as_of is None:
         found = [belief(p) for _, p in view.scroll(user_id, kind="reflection", status="live")
                  if p.get("user_id") == user_id]
     else:
         found = [belief(held) for _, p in view.scroll(user_id, kind="reflection")
                  if p.get("user_id") == user_id for held in [provenance.as_of(p, as_of)] if held]
-    found.sort(key=lambda b: (b.get("confidence", 0.0), b.get("created_at", "")), reverse=True)
-    return found[:limit]
+    now = datetime.fromisoformat(as_of.replace("Z", "+00:00")) if as_of else datetime.now(timezone.utc)
+    # Sorted by the unrounded score: rounded, two close scores would tie at one
+    # moment and not the next, and the order of a page would flicker.
+    scored = sorted(((pinned_score(b, now), b.get("created_at", ""), b) for b in found),
+                    key=lambda t: t[:2], reverse=True)
+    return [{**b, "pinned_score": round(score, 6)} for score, _, b in scored[:limit]]
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The worker's tables the API reads (this worker's partitions)."""
+    accumulators: Any
+    spend: Any
+    cycles_done: Any
+
+
+def _choice_query(request: Request, name: str, options: tuple[str, ...], default: str) -> str:
+    value = request.query.get(name, default)
+    if value not in options:
+        raise ApiError(422, "invalid", f"must be one of {', '.join(options)}, got {value!r}", name)
+    return value
 
 
 def _time_query(request: Request, name: str) -> str | None:
@@ -119,8 +141,25 @@ def _time_query(request: Request, name: str) -> str | None:
     return raw
 
 
-def install(runtime, accumulators, spend, episodes_topic, requests_topic) -> None:
-    app, view = runtime.app, runtime.view
+def install(runtime, tables: Tables, episodes_topic, requests_topic) -> None:
+    app, view, settings = runtime.app, runtime.view, runtime.settings
+    accumulators, spend = tables.accumulators, tables.spend
+
+    def freshness(user_id: str) -> Freshness:
+        asked = Accumulator.from_dict(accumulators.get(user_id)).cycles
+        return Freshness(asked, tables.cycles_done.get(user_id) or 0, user_id in runtime.running)
+
+    async def refreshed(request: Request, user_id: str) -> dict[str, Any]:
+        """Apply the read's refresh policy; what the answer says of its freshness."""
+        policy = _choice_query(request, "refresh", POLICIES, settings.refresh)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        state = freshness(user_id)
+        while policy == "blocking" and state.due and loop.time() - started < settings.refresh_timeout:
+            await asyncio.sleep(0.05)  # the reflector marks a cycle done once its events are in the view
+            state = freshness(user_id)
+        waited = (loop.time() - started) * 1000
+        return state.to_dict(policy, waited, timed_out=policy == "blocking" and bool(state.due))
 
     async def publish(topic, event) -> None:
         try:
@@ -193,8 +232,28 @@ def install(runtime, accumulators, spend, episodes_topic, requests_topic) -> Non
         @answers_json
         async def get(self, request: Request, user_id: str) -> Response:
             limit, at = _int_query(request, "limit", 50, 1, 1000), _time_query(request, "as_of")
+            form = _choice_query(request, "format", ("json", "prompt"), "json")
+            budget = _int_query(request, "budget", 500, 16, 100_000)
+            fresh = await refreshed(request, user_id) if at is None else None
             answer = {"user_id": user_id, "beliefs": live_beliefs(view, user_id, limit, as_of=at)}
-            return self.json(answer if at is None else {**answer, "as_of": at})
+            if form == "prompt":
+                text, shown = prompt_block(answer["beliefs"], budget)
+                answer = {"user_id": user_id, "prompt": text, "beliefs": shown, "budget_tokens": budget}
+            return self.json({**answer, **({"as_of": at} if at else {"freshness": fresh})})
+
+    @app.page("/v1/users/{user_id}/recall")
+    class Recall(View):
+        @answers_json
+        async def get(self, request: Request, user_id: str) -> Response:
+            query = (request.query.get("q") or "").strip()
+            if not query:
+                raise ApiError(422, "invalid", "a question is required", "q")
+            mode = _choice_query(request, "mode", ("auto", "instance", "pattern"), "auto")
+            k = _int_query(request, "k", 10, 1, 100)
+            fresh = await refreshed(request, user_id)
+            found = await asyncio.to_thread(recall, view, runtime.embedder, user_id, query[:2000], mode, k,
+                                            min_belief_score=settings.recall_min_score)
+            return self.json({"user_id": user_id, **found, "freshness": fresh})
 
     @app.page("/v1/users/{user_id}/reflections/{reflection_id}")
     class Explain(View):

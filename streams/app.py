@@ -18,6 +18,7 @@ import faust
 from processors.dlq import dead_letter_headers
 from processors.embedders import Embedder, make_embedder
 from processors.accumulator import Accumulator, Trigger, admit
+from processors.freshness import cycle_number
 from processors.guard import Breaker, Budget, Spend, Tally, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state
 from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
@@ -46,6 +47,7 @@ class Runtime:
     tally: Tally
     # Held by the live projectors while they apply and by a rebuild while it swaps.
     projection_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    running: dict = dataclasses.field(default_factory=dict)  # user → the cycle id the reflector is on
 
 
 def _patch_fetch_wait() -> None:
@@ -133,6 +135,9 @@ def create_app(settings: Settings) -> Runtime:
     # topic): written only while handling that partition's requests, so each
     # key has one writer and its changelog partition.
     spend = app.Table("reasoner-spend", default=dict, partitions=settings.partitions)
+    # The last threshold cycle per user whose events are in the view: what a
+    # blocking read compares with the accumulator's count of cycles asked.
+    cycles_done = app.Table("cycles-done", default=int, partitions=settings.partitions)
 
     async def dead_letter(message, error: Exception, stage: str) -> None:
         log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition,
@@ -258,6 +263,7 @@ def create_app(settings: Settings) -> Runtime:
     async def reflect(stream):
         async for event in stream.events():
             for request, message in await admitted([event], (ReflectionRequested,)):
+                runtime.running[request.user_id] = request.cycle_id
                 try:
                     made = await cycle(request, message.partition)
                     for out in made:
@@ -269,12 +275,17 @@ def create_app(settings: Settings) -> Runtime:
                 except Exception as error:  # a crashed agent would skip the request silently
                     log.exception("cycle %s failed outside the reasoner", request.cycle_id)
                     await dead_letter(message, error, "reflect")
+                finally:
+                    runtime.running.pop(request.user_id, None)
+                    number = cycle_number(request.cycle_id, request.user_id)
+                    if number is not None and number > cycles_done[request.user_id]:
+                        cycles_done[request.user_id] = number
 
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:
         view.close()
 
-    api.install(runtime, accumulators, spend, episodes, requests)
+    api.install(runtime, api.Tables(accumulators, spend, cycles_done), episodes, requests)
     return runtime
 
 

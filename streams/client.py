@@ -1,4 +1,4 @@
-"""Commands that talk to a running Reflect API: `reflect explain`, `reflect rebuild`."""
+"""Commands that talk to a running Reflect API: explain, rebuild, recall, beliefs."""
 
 from __future__ import annotations
 
@@ -62,3 +62,32 @@ def rebuild(args) -> int:
             return 0
         time.sleep(0.2)  # polling interval of a progress display, not a synchronization
     raise RuntimeError(f"the rebuild did not finish within {args.timeout} s (it goes on in the worker)")
+
+
+def _user_path(user: str, tail: str, **query: Any) -> str:
+    params = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+    return f"/v1/users/{urllib.parse.quote(user, safe='')}/{tail}" + (f"?{params}" if params else "")
+
+
+def recall(args) -> int:
+    found = _call(args.api, _user_path(args.user, "recall", q=args.query, mode=args.mode, k=args.k,
+                                       refresh=args.refresh))
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    print(f"route {found['route']}: {found['reason']}")
+    for r in found["results"]:
+        print(f"  {r['score']:.3f}  {r['kind']:<10} {r['id']}  {(r.get('occurred_at') or '')[:10]}  {r['text'][:100]}")
+        for e in r.get("evidence", ()):
+            print(f"           evidence {e['id']}  {(e.get('occurred_at') or '')[:10]}  {e['text'][:90]}")
+    return 0
+
+
+def beliefs(args) -> int:
+    found = _call(args.api, _user_path(args.user, "beliefs", limit=args.limit, format=args.format,
+                                       budget=args.budget, refresh=args.refresh, as_of=args.as_of))
+    if args.format == "prompt":
+        print(found["prompt"])
+    else:
+        print(json.dumps(found, indent=2))
+    return 0

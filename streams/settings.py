@@ -162,6 +162,12 @@ SPECS: tuple[Spec, ...] = (
          "Consecutive cycles the API fails (after retries) before the breaker opens."),
     Spec("breaker_cooldown", "REFLECT_BREAKER_COOLDOWN", "60.0", _positive_float,
          "Seconds an open breaker fails cycles fast before it lets one call try again."),
+    Spec("refresh", "REFLECT_REFRESH", "concurrent", _choice("concurrent", "blocking"),
+         "Default refresh policy of reads: serve the view as is, or wait for a due cycle's beliefs."),
+    Spec("refresh_timeout", "REFLECT_REFRESH_TIMEOUT", "10.0", _positive_float,
+         "Seconds a blocking read waits for due cycles before it answers, saying it is stale."),
+    Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "0.3", _unit,
+         "Cosine a belief needs to answer a pattern question (else episodes do); embedder-dependent."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -205,6 +211,9 @@ class Settings:
     daily_tokens: int
     breaker_failures: int
     breaker_cooldown: float
+    refresh: str
+    refresh_timeout: float
+    recall_min_score: float
     threshold: float
     min_episodes: int
     salience_cut: float

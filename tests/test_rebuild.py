@@ -8,6 +8,7 @@ import threading
 from dataclasses import replace
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from conftest import run, wait_for
 from messages_api import MessagesServer, OfflineModel
@@ -31,7 +32,8 @@ def snapshot(w, users):
     """Everything a reader can see of these users."""
     seen = {}
     for user in users:
-        beliefs = w.get(f"/v1/users/{user}/beliefs?limit=1000")["beliefs"]
+        beliefs = [{k: v for k, v in b.items() if k != "pinned_score"}  # it decays with the clock
+                   for b in w.get(f"/v1/users/{user}/beliefs?limit=1000")["beliefs"]]
         explained = [w.get(f"/v1/users/{user}/reflections/{b['reflection_id']}") for b in beliefs]
         stats = {k: v for k, v in w.stats(user).items() if k in ("episodes", "retracted", "reflections")}
         seen[user] = {"beliefs": beliefs, "explained": explained, "stats": stats,
@@ -52,9 +54,16 @@ def test_rebuild_answers_as_before_serves_reads_meanwhile_and_never_calls_the_re
         wait_for(lambda: all(w.stats(u).get("reflections", 0) > 0 for u in users), 60, "beliefs")
         run(_retract_one(s, "u0", "u0-2"))
         wait_for(lambda: w.stats("u0")["retracted"] == 1, 30, "the retraction")
-        settled = lambda: (w.get("/v1/reasoner") or {}).get("cycles", {})  # noqa: E731
-        wait_for(lambda: sum(settled().values()) >= 40 and snapshot(w, users) == snapshot(w, users), 60,
-                 "the pipeline to settle")
+        # Settled: every cycle asked (threshold and revalidation alike) has run, and the view is still.
+        cycles_run = lambda: sum((w.get("/v1/reasoner") or {}).get("cycles", {}).values())  # noqa: E731
+        last = {}
+
+        def settled():  # the same view a second apart, with every requested cycle run
+            now_seen, previous = snapshot(w, users), last.get("seen")
+            last["seen"] = now_seen
+            return now_seen == previous and cycles_run() == run(_count(s, s.topic_requests))
+
+        wait_for(settled, 60, "the pipeline to settle", every=1.0)
         before, calls = snapshot(w, users), len(api.requests)
         assert any(b["status"] == "live" for u in users for b in before[u]["beliefs"])
 
@@ -64,7 +73,8 @@ def test_rebuild_answers_as_before_serves_reads_meanwhile_and_never_calls_the_re
             while not stop.is_set():
                 state = (w.get("/v1/admin/rebuild") or {}).get("state")
                 answer = w.get("/v1/users/u1/beliefs?limit=1000")
-                reads.append((state, answer == {"user_id": "u1", "beliefs": before["u1"]["beliefs"]}))
+                got = [{k: v for k, v in b.items() if k != "pinned_score"} for b in answer.get("beliefs", ())]
+                reads.append((state, got == before["u1"]["beliefs"] or answer))
 
         reader = threading.Thread(target=keep_reading)
         reader.start()
@@ -77,7 +87,9 @@ def test_rebuild_answers_as_before_serves_reads_meanwhile_and_never_calls_the_re
             reader.join(10)
         assert done.returncode == 0, done.stderr
         assert "now serves" in done.stdout and "reflect-0001" in done.stdout
-        assert any(state in ("running", "swapping") for state, _ in reads) and all(same for _, same in reads)
+        assert any(state in ("running", "swapping") for state, _ in reads)
+        bad = [same for _, same in reads if same is not True]
+        assert bad == []
 
         after = snapshot(w, users)
         for user in users:  # a readable diff first
@@ -94,3 +106,17 @@ def test_rebuild_answers_as_before_serves_reads_meanwhile_and_never_calls_the_re
 async def _retract_one(settings, user, episode_id):
     async with Publisher(settings) as p:
         await p.retract_episode(user, episode_id)
+
+
+async def _count(settings, topic):
+    """Records on a topic: read until a fetch comes back empty."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        seen = 0
+        while batch := await consumer.getmany(timeout_ms=500):
+            seen += sum(len(v) for v in batch.values())
+        return seen
+    finally:
+        await consumer.stop()
