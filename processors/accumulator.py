@@ -6,7 +6,10 @@ pending sum resets unconditionally — even if the cycle then fails — so a
 failing reasoner cannot be asked again on every episode.
 
 The recent window (the 100 newest records, episodes and reflections) lives in
-this state so step 2 never reads the user's whole store. It also makes
+this state, by id only, so step 2 never reads the user's whole store. Ids, not
+texts: the reflector reads the texts from the view, and every change of this
+state is a changelog record (texts made each one ~20 KB, which capped the
+worker's ingest, and left erased text in the changelog). It also makes
 redelivery harmless: an episode already in the window is not counted twice.
 """
 
@@ -64,13 +67,11 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
     if isinstance(event, ReflectionCreated):
         if acc.holds(event.reflection_id):
             return acc, None
-        record = {"id": event.reflection_id, "kind": "reflection", "text": event.text,
-                  "importance": event.importance, "occurred_at": event.occurred_at, "depth": event.depth}
+        record = {"id": event.reflection_id, "kind": "reflection", "occurred_at": event.occurred_at}
         return replace(acc, recent=_remember(acc, record)), None
     if not isinstance(event, EpisodeRecorded) or acc.holds(event.episode_id):
         return acc, None
-    record = {"id": event.episode_id, "kind": "episode", "text": event.text,
-              "importance": event.importance, "occurred_at": event.occurred_at, "depth": 0}
+    record = {"id": event.episode_id, "kind": "episode", "occurred_at": event.occurred_at}
     acc = replace(acc, pending=acc.pending + event.importance, episodes=acc.episodes + 1,
                   high_salience=acc.high_salience + (event.importance >= trigger.salience_cut),
                   recent=_remember(acc, record))
