@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="incorrect, erasure, duplicate, superseded or other")
 
     commands.add_parser("worker", parents=[common],
-                        help="run the stream worker (projector and its HTTP routes) in the foreground")
+                        help="run the stream worker (every processor and the HTTP API) in the foreground")
     up = commands.add_parser("up", parents=[common], help=(
         "run the whole stack in one process: embedded broker (unless --broker), topics, "
         "every processor, the view and the HTTP API"))
