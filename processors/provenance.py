@@ -16,8 +16,9 @@ and diamonds (two paths to one belief) yield one decision per belief.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from schemas import parse_time
 
 Dependents = Callable[[str], Iterable[dict[str, Any]]]  # id → payloads of beliefs citing it
 
@@ -93,23 +94,19 @@ def decide(reached: Mapping[str, dict[str, Any]], parent: Mapping[str, str], roo
 
 # --------------------------------------------------------------- bi-temporal reads
 
-def _time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 def as_of(payload: dict[str, Any], at: str) -> dict[str, Any] | None:
     """The belief as the system held it at transaction time `at`, or None if it
     did not hold it then (not yet created, or already expired)."""
-    when = _time(at)
+    when = parse_time(at)
     created = payload.get("created_at")
-    if created is None or _time(created) > when:
+    if created is None or parse_time(created) > when:
         return None
     expired = payload.get("expired_at")
-    if expired is not None and _time(expired) <= when:
+    if expired is not None and parse_time(expired) <= when:
         return None
     state = {"status": "live", "confidence": payload.get("confidence")}
     for change in payload.get("history", ()):
-        if _time(change["at"]) <= when:
+        if parse_time(change["at"]) <= when:
             state = {"status": change["status"], "confidence": change["confidence"]}
     return {**payload, **state, "status": "live" if state["status"] == "weakened" else state["status"]}
 

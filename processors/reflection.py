@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
+from schemas import parse_time
 
 BELIEFS = uuid.UUID("0b6f1c2e-7d1a-4a7e-9a51-2f3d8c4e5b60")  # namespace of reflection ids
 
@@ -41,7 +42,7 @@ class Insight:
 
 
 def _hours(later: datetime, earlier: str) -> float:
-    then = datetime.fromisoformat(earlier.replace("Z", "+00:00"))
+    then = parse_time(earlier)
     return max(0.0, (later - then).total_seconds() / 3600)
 
 

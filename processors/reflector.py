@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
@@ -20,7 +19,7 @@ from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
 from processors.view import VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
-                     ReflectionRequested)
+                     ReflectionRequested, parse_time)
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     replayed; the cycle still sees the same history and decides the same."""
     started = time.perf_counter()
     at = request.occurred_at
-    cycle_time = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    cycle_time = parse_time(at)
     user, cycle = request.user_id, request.cycle_id
     usage, questions, out = Usage(), [], []
     kept = reinforced = dropped = 0

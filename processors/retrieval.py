@@ -19,6 +19,7 @@ from typing import Any
 
 from processors.projector import point_id
 from processors.reflection import Candidate, Weights, rerank
+from schemas import parse_time
 
 # Similarity counts double in recall: the reflector's equal weights let a newer,
 # barely related episode outrank the one the question names.
@@ -164,7 +165,7 @@ def pinned_score(belief: dict[str, Any], now: datetime) -> float:
     import math
 
     last = belief.get("reinforced_at") or belief.get("created_at")
-    age_days = (now - datetime.fromisoformat(last.replace("Z", "+00:00"))).total_seconds() / 86400 if last else 0
+    age_days = (now - parse_time(last)).total_seconds() / 86400 if last else 0
     evidence = max(1, len(belief.get("evidence_ids", ())))
     return float(belief.get("confidence", 0.0)) * (1 + math.log(evidence)) * 0.5 ** (max(0.0, age_days) / PIN_HALF_LIFE_DAYS)
 

@@ -218,9 +218,14 @@ def _validator(kind: str):
     return fastjsonschema.compile(_inline(doc, doc), formats={"date-time": _parse_time})
 
 
+def parse_time(value: str) -> datetime:
+    """An RFC 3339 time of an event (Z or an offset); ValueError if it is not one."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
 def _parse_time(value: str) -> bool:
     try:
-        datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parse_time(value)
     except ValueError:
         return False
     return True

@@ -24,7 +24,7 @@ from processors.freshness import POLICIES, Freshness
 from processors.guard import Spend, day_of
 from processors.projector import point_id
 from processors.retrieval import pinned_score, prompt_block, recall
-from schemas import ContractError, ReflectionRequested, new_id, now
+from schemas import ContractError, ReflectionRequested, new_id, now, parse_time
 from streams.producer import make_episode, make_retraction
 
 log = logging.getLogger("reflect.api")
@@ -105,7 +105,7 @@ def live_beliefs(view, user_id: str, limit: int, as_of: str | None = None) -> li
     else:
         found = [belief(held) for _, p in view.scroll(user_id, kind="reflection")
                  if p.get("user_id") == user_id for held in [provenance.as_of(p, as_of)] if held]
-    now = datetime.fromisoformat(as_of.replace("Z", "+00:00")) if as_of else datetime.now(timezone.utc)
+    now = parse_time(as_of) if as_of else datetime.now(timezone.utc)
     # Sorted by the unrounded score: rounded, two close scores would tie at one
     # moment and not the next, and the order of a page would flicker.
     scored = sorted(((pinned_score(b, now), b.get("created_at", ""), b) for b in found),
@@ -133,7 +133,7 @@ def _time_query(request: Request, name: str) -> str | None:
     if raw is None:
         return None
     try:
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        parsed = parse_time(raw)
     except ValueError:
         raise ApiError(422, "invalid", f"must be an RFC 3339 time, got {raw!r}", name) from None
     if parsed.tzinfo is None:

@@ -113,7 +113,7 @@ async def provoke_and_follow(s) -> tuple[list, list[dict]]:
             if time.monotonic() > deadline:
                 seen = [(e["type"], e.get("cycle_id"), e.get("why")) for e in events]
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}; seen: {seen}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the poll interval of this bounded wait on a condition
 
     def cycle(cycle_id: str) -> Callable[[], list]:
         return lambda: of(events, "ReflectionCycleCompleted", cycle_id=cycle_id)

@@ -99,7 +99,7 @@ def test_a_blocking_read_waits_for_the_cycle_in_flight_and_a_concurrent_one_does
         blocking.start()
         read("concurrent")
         blocking.join(30)
-        (stale, stale_s), (fresh, fresh_s) = answers["concurrent"], answers["blocking"]
+        (stale, stale_s), (fresh, _) = answers["concurrent"], answers["blocking"]
         assert stale["freshness"] == {**stale["freshness"], "fresh": False, "cycles_behind": 1, "policy": "concurrent"}
         assert stale["beliefs"] == [] and stale_s < 1.0  # it did not wait
         assert fresh["freshness"]["fresh"] and not fresh["freshness"]["timed_out"]

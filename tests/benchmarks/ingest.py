@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import wait_for  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
-from projector_throughput import episodes, publish, raw_consume, worker_run  # noqa: E402
+from projector_throughput import episodes, publish, worker_run  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402

@@ -21,23 +21,21 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
 
 import numpy as np  # noqa: E402
 
-from conftest import Worker, wait_for  # noqa: E402
+from conftest import wait_for  # noqa: E402
 from processors.invalidator import Invalidator, empty_state  # noqa: E402
 from processors.projector import point_id  # noqa: E402
 from processors.provenance import decide, reach  # noqa: E402
 from processors.view import EdgeView, ViewPoint  # noqa: E402
 from schemas import EpisodeRetracted, ReflectionCreated  # noqa: E402
-from streams.broker import EmbeddedBroker, free_port  # noqa: E402
+from projector_throughput import bench_worker  # noqa: E402
+from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.producer import Publisher  # noqa: E402
-from streams.settings import Settings  # noqa: E402
-from streams.topics import ensure_topics  # noqa: E402
 
 DIM, DEPENDENTS = 384, 10
 
@@ -94,31 +92,24 @@ async def publish(settings, events, topic=None) -> None:
 
 
 def latency(retractions: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
-        tag = uuid.uuid4().hex[:6]
-        settings = Settings.load(env={}, broker=broker.url, app_id=f"bench-{tag}", data_dir=str(Path(tmp) / tag),
-                                 web_port=free_port(), threshold=1e6)
-        asyncio.run(ensure_topics(settings))
-        w = Worker(settings, Path(tmp) / "worker.log").start()
-        try:
-            visible, invalid = [], []
-            for i in range(retractions):
-                first = asyncio.run(_timed_episode(settings, w, f"a{i}"))
-                visible.append(first)
-                asyncio.run(_timed_episode(settings, w, f"b{i}"))
-                belief = ReflectionCreated(user_id="ann", reflection_id=f"r{i}", cycle_id="ann:1", text=f"belief {i}",
-                                           evidence_ids=(f"a{i}", f"b{i}"), depth=1, importance=0.5,
-                                           confidence=0.6, reasoner="offline", prompt_version="v1", question="q")
-                asyncio.run(publish(settings, [belief], settings.topic_reflections))
-                wait_for(lambda: (w.get(f"/v1/users/ann/reflections/r{i}") or {}).get("belief"), 30, "belief",
-                         every=0.005)
-                t = time.perf_counter()
-                asyncio.run(publish(settings, [EpisodeRetracted(user_id="ann", episode_id=f"a{i}")]))
-                wait_for(lambda: w.get(f"/v1/users/ann/reflections/r{i}")["belief"]["status"] == "invalid", 30,
-                         "invalid", every=0.005)
-                invalid.append((time.perf_counter() - t) * 1000)
-        finally:
-            w.stop()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker, \
+            bench_worker(broker, Path(tmp), threshold=1e6) as (settings, w):
+        visible, invalid = [], []
+        for i in range(retractions):
+            first = asyncio.run(_timed_episode(settings, w, f"a{i}"))
+            visible.append(first)
+            asyncio.run(_timed_episode(settings, w, f"b{i}"))
+            belief = ReflectionCreated(user_id="ann", reflection_id=f"r{i}", cycle_id="ann:1", text=f"belief {i}",
+                                       evidence_ids=(f"a{i}", f"b{i}"), depth=1, importance=0.5,
+                                       confidence=0.6, reasoner="offline", prompt_version="v1", question="q")
+            asyncio.run(publish(settings, [belief], settings.topic_reflections))
+            wait_for(lambda: (w.get(f"/v1/users/ann/reflections/r{i}") or {}).get("belief"), 30, "belief",
+                     every=0.005)
+            t = time.perf_counter()
+            asyncio.run(publish(settings, [EpisodeRetracted(user_id="ann", episode_id=f"a{i}")]))
+            wait_for(lambda: w.get(f"/v1/users/ann/reflections/r{i}")["belief"]["status"] == "invalid", 30,
+                     "invalid", every=0.005)
+            invalid.append((time.perf_counter() - t) * 1000)
 
     def q(values, p):
         return statistics.quantiles(values, n=100)[p - 1]

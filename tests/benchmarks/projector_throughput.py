@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -105,24 +106,36 @@ async def raw_consume(settings: Settings, n: int) -> float:
         await consumer.stop()
 
 
-def worker_run(broker: EmbeddedBroker, n: int, batch: int, tmp: Path) -> tuple[float, float]:
+@contextlib.contextmanager
+def bench_worker(broker: EmbeddedBroker, tmp: Path, **overrides):
+    """A real `reflect worker` with its own app id, topics and data dir: (settings, worker)."""
     tag = uuid.uuid4().hex[:6]
     settings = Settings.load(env={}, broker=broker.url, app_id=f"bench-{tag}", topic_episodes=f"episodes-{tag}",
-                             data_dir=str(tmp / tag), web_port=free_port(), projector_batch=batch)
+                             data_dir=str(tmp / tag), web_port=free_port(), **overrides)
     asyncio.run(ensure_topics(settings))
     w = Worker(settings, tmp / f"worker-{tag}.log").start()
     try:
+        yield settings, w
+    finally:
+        w.stop()
+
+
+def visible_after_publish(settings: Settings, w: Worker, events) -> float:
+    """Seconds from publishing `events` until the worker's view holds them all."""
+    users = sorted({e.user_id for e in events})
+    t = time.perf_counter()
+    asyncio.run(publish(settings, events))
+    wait_for(lambda: sum(w.stats(u)["episodes"] for u in users) == len(events), 600, f"{len(events)} episodes",
+             every=0.05)
+    return time.perf_counter() - t
+
+
+def worker_run(broker: EmbeddedBroker, n: int, batch: int, tmp: Path) -> tuple[float, float]:
+    with bench_worker(broker, tmp, projector_batch=batch) as (settings, w):
         probe = EpisodeRecorded(user_id="probe", episode_id="probe", text="probe", importance=0.1)
         asyncio.run(publish(settings, [probe]))
         wait_for(lambda: w.stats("probe").get("episodes") == 1, 60, "the worker to consume")
-        events = episodes(n)
-        users = sorted({e.user_id for e in events})
-        t = time.perf_counter()
-        asyncio.run(publish(settings, events))
-        wait_for(lambda: sum(w.stats(u)["episodes"] for u in users) == n, 600, f"{n} episodes", every=0.05)
-        elapsed = time.perf_counter() - t
-    finally:
-        w.stop()
+        elapsed = visible_after_publish(settings, w, episodes(n))
     return elapsed, asyncio.run(raw_consume(settings, n + 1))
 
 
