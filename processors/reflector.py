@@ -37,16 +37,18 @@ class CycleConfig:
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
 
 
-def _candidates(view: VectorStore, user_id: str, vector, k: int, max_depth: int, at: str) -> list[Candidate]:
-    """Episodes and live beliefs of this user near the question that occurred by
-    the cycle's time `at`; a belief already at max_depth is left out, as nothing
-    citing it could be kept."""
-    hits = view.search(user_id, vector, k, before=at, kind="episode", status="recorded") + \
-        view.search(user_id, vector, k, before=at, kind="reflection", status="live")
-    return [Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
-                      float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
-            for h in hits for p in [h.payload]
-            if p.get("user_id") == user_id and int(p.get("depth", 0)) < max_depth]
+def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int, at: str) -> list[list[Candidate]]:
+    """Per question vector: episodes and live beliefs of this user near it that
+    occurred by the cycle's time `at`; a belief already at max_depth is left
+    out, as nothing citing it could be kept. One batched search per kind: the
+    cost of a cycle is its scans of the user's store."""
+    episodes = view.search_many(user_id, vectors, k, before=at, kind="episode", status="recorded")
+    beliefs = view.search_many(user_id, vectors, k, before=at, kind="reflection", status="live")
+    return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
+                       float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
+             for h in e + b for p in [h.payload]
+             if p.get("user_id") == user_id and int(p.get("depth", 0)) < max_depth]
+            for e, b in zip(episodes, beliefs)]
 
 
 SERVED = {"episode": "recorded", "reflection": "live"}
@@ -90,8 +92,9 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         questions, used = reasoner.questions([r["text"] for r in window], config.questions,
                                              importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
-        asked = [(q, rerank(_candidates(view, user, embedder.embed([q])[0], config.top_k * 4, config.max_depth, at),
-                            cycle_time, config.top_k, config.weights)) for q in questions]
+        found = _candidates(view, user, embedder.embed(questions), config.top_k * 4, config.max_depth, at) \
+            if questions else []
+        asked = [(q, rerank(c, cycle_time, config.top_k, config.weights)) for q, c in zip(questions, found)]
         answers, used = _insights(reasoner, asked, config.insights)
         usage += used
         for question, evidence, insights in answers:

@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                             help="wait for a due cycle (blocking) or not (concurrent, the server's default)")
         reader.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API")
         reader.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+    bench = commands.add_parser("bench", help=(
+        "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
+    bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
+    bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
+    bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild")
+    bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
     return parser
 
@@ -121,6 +127,8 @@ def _run(args: argparse.Namespace) -> int:
         from streams.demo import demo
 
         return demo(args)
+    if args.command == "bench":
+        return _bench(args)
     if args.command in ("explain", "rebuild", "recall", "beliefs"):
         from streams import client
 
@@ -179,6 +187,24 @@ async def _retract(settings: Settings, args: argparse.Namespace) -> int:
     event = await retract_episode(settings, args.user, args.episode_id, args.reason)
     print(event.event_id)
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    # The benchmarks live with the tests (they use the test fixtures' worker
+    # harness), so they run from a source checkout, not from an installed wheel.
+    from pathlib import Path
+
+    suite = Path(__file__).resolve().parents[1] / "tests" / "benchmarks" / "suite.py"
+    if not suite.exists():
+        print(f"reflect: error: reflect bench runs from a source checkout ({suite} not found)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(suite.parent))
+    import suite as bench_suite
+
+    forwarded = [flag for flag, on in (("--quick", args.quick), ("--json", args.json)) if on]
+    for flag, value in (("--only", args.only), ("--plots", args.plots)):
+        forwarded += [flag, value] if value else []
+    return bench_suite.main(forwarded)
 
 
 def _broker(args: argparse.Namespace) -> int:

@@ -71,6 +71,16 @@ def test_search_is_exact_and_never_crosses_users(make_view):
     assert view.search("bob", unit(25), k=1)[0].id == pid(25)
 
 
+def test_search_many_answers_each_vector_as_search_would(make_view):
+    view = make_view()
+    view.upsert([point(i, "alice" if i < 20 else "bob") for i in range(40)])
+    batched = view.search_many("alice", [unit(3), unit(25), unit(11)], k=4)
+    assert [[h.id for h in hits] for hits in batched] == \
+        [[h.id for h in view.search("alice", unit(i), k=4)] for i in (3, 25, 11)]
+    assert all(h.payload["user_id"] == "alice" for hits in batched for h in hits)
+    assert view.search_many("alice", [], k=4) == []
+
+
 def test_search_before_a_time_leaves_out_what_occurred_later(make_view):
     view = make_view()
     times = ["2026-06-01T09:00:00Z", "2026-06-02T09:00:00+00:00", "2026-06-02T10:00:00.5Z", "2026-07-01T00:00:00Z"]

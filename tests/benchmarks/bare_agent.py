@@ -1,7 +1,7 @@
 """A bare Faust worker: the framework's own limit, the baseline of ingest.
 
 Run as a child by tests/benchmarks/ingest.py:
-    python tests/benchmarks/bare_agent.py BROKER TOPIC PORT PARTITIONS [table]
+    python tests/benchmarks/bare_agent.py BROKER TOPIC PORT PARTITIONS DATADIR [table]
 
 One agent on TOPIC that only counts events (and, with `table`, writes a
 one-key-per-user table on every event, as a per-event accumulator would);
@@ -16,8 +16,8 @@ import sys
 import faust
 
 
-def main(broker: str, topic: str, port: int, partitions: int, with_table: bool) -> None:
-    app = faust.App(f"bare-{topic}", broker=broker, store="memory://", autodiscover=False,
+def main(broker: str, topic: str, port: int, partitions: int, datadir: str, with_table: bool) -> None:
+    app = faust.App(f"bare-{topic}", broker=broker, store="memory://", autodiscover=False, datadir=datadir,
                     topic_partitions=partitions, processing_guarantee="at_least_once",
                     producer_max_batch_size=1, broker_session_timeout=6.0, broker_heartbeat_interval=1.0,
                     consumer_auto_offset_reset="earliest", key_serializer="json", value_serializer="json",
@@ -44,4 +44,4 @@ def main(broker: str, topic: str, port: int, partitions: int, with_table: bool) 
 
 if __name__ == "__main__":
     broker, topic, port, partitions = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    main(broker, topic, port, partitions, len(sys.argv) > 5 and sys.argv[5] == "table")
+    main(broker, topic, port, partitions, sys.argv[5], len(sys.argv) > 6 and sys.argv[6] == "table")

@@ -1,14 +1,16 @@
 """Ingest through the whole worker against the framework's and the box's limits.
 
-    python tests/benchmarks/ingest.py [--episodes 5000]
+    python tests/benchmarks/ingest.py [--episodes 5000] [--minilm 1000] [--probes 40]
 
 Same episodes, same Tansu, same run:
-- worker: `reflect worker` (validate → accumulate → project, hashing embedder),
-  publish → all visible in the view;
+- worker: `reflect worker` (validate → accumulate → project, hashing
+  embedder), publish → all visible in the view;
 - bare Faust agent counting events, and the same with a table write per event
   (tests/benchmarks/bare_agent.py): the framework's limit;
 - raw aiokafka consumption of the topic: the box's limit;
-- the hashing embedder alone on the texts.
+- the hashing embedder alone on the texts;
+- with `--minilm N`: the worker with the MiniLM embedder against MiniLM alone;
+- latency: one episode at a time, publish → visible (polled every 5 ms), p50/p95.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conft
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import wait_for  # noqa: E402
-from processors.embedders import HashingEmbedder  # noqa: E402
-from projector_throughput import episodes, publish, worker_run  # noqa: E402
+from processors.embedders import make_embedder  # noqa: E402
+from projector_throughput import bench_worker, episodes, publish, raw_consume, visible_after_publish  # noqa: E402
+from schemas import EpisodeRecorded  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
+from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
 
 
 def bare(broker: EmbeddedBroker, n: int, with_table: bool, tmp: Path) -> float:
@@ -42,7 +46,7 @@ def bare(broker: EmbeddedBroker, n: int, with_table: bool, tmp: Path) -> float:
     port = free_port()
     log = open(tmp / f"bare-{tag}.log", "wb")
     child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bare_agent.py")), broker.url,
-                              settings.topic_episodes, str(port), str(settings.partitions),
+                              settings.topic_episodes, str(port), str(settings.partitions), str(tmp / tag),
                               "table" if with_table else "-"], stdout=log, stderr=subprocess.STDOUT)
 
     def count() -> int:
@@ -64,24 +68,63 @@ def bare(broker: EmbeddedBroker, n: int, with_table: bool, tmp: Path) -> float:
         child.wait(10)
 
 
-def main(n: int) -> None:
-    texts = [e.text for e in episodes(n)]
+def embed_seconds(name: str, texts: list[str]) -> float:
+    embedder = make_embedder(name)
+    embedder.embed(texts[:8])  # load the model outside the timing
     t = time.perf_counter()
-    HashingEmbedder().embed(texts)
-    embed_s = time.perf_counter() - t
+    for i in range(0, len(texts), 256):  # the projector's batch
+        embedder.embed(texts[i:i + 256])
+    return time.perf_counter() - t
+
+
+def worker_rate(broker, tmp: Path, n: int, embedder: str, probes: int = 0) -> tuple[float, float, list[float]]:
+    """(seconds for n visible, seconds raw consumption of the same topic, latency ms of single episodes)."""
+    with bench_worker(broker, tmp, embedder=embedder, threshold=1e9) as (settings, w):
+        probe = EpisodeRecorded(user_id="probe", episode_id="probe", text="probe", importance=0.1)
+        asyncio.run(publish(settings, [probe]))
+        wait_for(lambda: w.stats("probe").get("episodes") == 1, 120, "the worker to consume")
+        elapsed = visible_after_publish(settings, w, episodes(n))
+        latencies = []
+        for i in range(probes):
+            one = EpisodeRecorded(user_id="probe", episode_id=f"probe-{i}", text=f"probe {i}", importance=0.1)
+            t = time.perf_counter()
+            asyncio.run(publish(settings, [one]))
+            wait_for(lambda: w.stats("probe").get("episodes") == i + 2, 30, "probe visible", every=0.005)
+            latencies.append((time.perf_counter() - t) * 1000)
+    return elapsed, asyncio.run(raw_consume(settings, n + 1)), latencies
+
+
+def measure(n: int, minilm: int = 0, probes: int = 40) -> dict:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
-        worker_s, raw_s = worker_run(broker, n, 256, Path(tmp))
-        bare_s = bare(broker, n, False, Path(tmp))
-        table_s = bare(broker, n, True, Path(tmp))
+        tmp = Path(tmp)
+        worker_s, raw_s, latencies = worker_rate(broker, tmp, n, "hashing", probes)
+        bare_s = bare(broker, n, False, tmp)
+        table_s = bare(broker, n, True, tmp)
+        semantic = worker_rate(broker, tmp, minilm, "minilm")[0] if minilm else None
+    texts = [e.text for e in episodes(max(n, minilm))]
+    hashing_s = embed_seconds("hashing", texts[:n])
     worker = n / worker_s
-    print(f"ingest, {n} episodes, Tansu, publish → done (2 cores, shared)")
-    print(f"  reflect worker (hashing)        {worker:10,.0f}/s")
-    for name, seconds in (("bare Faust agent", bare_s), ("bare agent + table per event", table_s),
-                          ("raw aiokafka consume", raw_s), ("hashing embedder alone", embed_s)):
-        print(f"  baseline {name:<28} {n / seconds:10,.0f}/s   worker/baseline = {worker / (n / seconds):.3f}")
+    figures = [
+        figure("worker, hashing embedder", worker, "episodes/s", "bare Faust agent", n / bare_s),
+        figure("worker, hashing embedder", worker, "episodes/s", "bare agent + table per event", n / table_s),
+        figure("worker, hashing embedder", worker, "episodes/s", "raw aiokafka consume", n / raw_s),
+        figure("worker, hashing embedder", worker, "episodes/s", "hashing embedder alone", n / hashing_s),
+        figure("publish → visible p50", quantile(latencies, 50), "ms"),
+        figure("publish → visible p95", quantile(latencies, 95), "ms"),
+    ]
+    targets = [target("hashing ingest / bare Faust agent", worker / (n / bare_s), ">=", 1.0)]
+    if minilm:
+        minilm_s = embed_seconds("minilm", texts[:minilm])
+        figures.append(figure("worker, MiniLM embedder", minilm / semantic, "episodes/s",
+                              "MiniLM embedder alone", minilm / minilm_s))
+        targets.append(target("MiniLM ingest / MiniLM embedder", (minilm / semantic) / (minilm / minilm_s), ">=", 0.8))
+    return {"episodes": n, "minilm_episodes": minilm, "figures": figures, "targets": targets}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=5000)
-    main(parser.parse_args().episodes)
+    parser.add_argument("--minilm", type=int, default=0, help="episodes through the MiniLM worker (0: skip)")
+    parser.add_argument("--probes", type=int, default=40, help="single episodes timed for the latency")
+    args = parser.parse_args()
+    print_scenario("ingest", measure(args.episodes, args.minilm, args.probes))

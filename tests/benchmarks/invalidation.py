@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
@@ -36,6 +37,7 @@ from schemas import EpisodeRetracted, ReflectionCreated  # noqa: E402
 from projector_throughput import bench_worker  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.producer import Publisher  # noqa: E402
+from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
 
 DIM, DEPENDENTS = 384, 10
 
@@ -68,10 +70,9 @@ def median_ms(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def walk(sizes: list[int]) -> None:
-    print(f"walk, one user, {DEPENDENTS} dependents of the retracted episode, median of 20")
-    print(f"  {'beliefs':>8}  {'indexed walk':>12}  {'scan baseline':>13}  scan/indexed")
-    retraction = EpisodeRetracted(user_id="ann", episode_id="target")
+def walk(sizes: list[int]) -> list[dict]:
+    """Per store size: median ms of the indexed walk and of the scan baseline."""
+    rows, retraction = [], EpisodeRetracted(user_id="ann", episode_id="target")
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             view = EdgeView(tmp, "bench", DIM)
@@ -82,7 +83,19 @@ def walk(sizes: list[int]) -> None:
             indexed = median_ms(lambda: invalidator.on_retracted(retraction, empty_state()))
             scan = median_ms(lambda: scan_walk(view, "target"), reps=5 if n > 10_000 else 20)
             view.close()
-        print(f"  {n:>8,}  {indexed:>10.2f} ms  {scan:>11.2f} ms  {scan / indexed:>10.0f}x")
+        rows.append({"beliefs": n, "walk_ms": indexed, "scan_ms": scan})
+    return rows
+
+
+def measure(sizes: list[int], retractions: int) -> dict:
+    rows = walk(sizes)
+    invalid, visible = latency(retractions)
+    figures = [figure(f"walk, {r['beliefs']:,} beliefs, {DEPENDENTS} dependents", r["walk_ms"], "ms",
+                      "full scan of the user's beliefs", r["scan_ms"]) for r in rows]
+    figures += [figure(f"retract → belief invalid p{p}", quantile(invalid, p), "ms",
+                       f"episode → visible p{p}", quantile(visible, p)) for p in (50, 95)]
+    return {"rows": rows, "figures": figures,
+            "targets": [target("retract → invalid p95 (ms)", quantile(invalid, 95), "<=", 500)]}
 
 
 async def publish(settings, events, topic=None) -> None:
@@ -91,7 +104,8 @@ async def publish(settings, events, topic=None) -> None:
             await p.publish(e, topic=topic)
 
 
-def latency(retractions: int) -> None:
+def latency(retractions: int) -> tuple[list[float], list[float]]:
+    """ms from publishing a retraction to its belief invalid; ms from an episode to visible."""
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker, \
             bench_worker(broker, Path(tmp), threshold=1e6) as (settings, w):
         visible, invalid = [], []
@@ -111,12 +125,7 @@ def latency(retractions: int) -> None:
                      "invalid", every=0.005)
             invalid.append((time.perf_counter() - t) * 1000)
 
-    def q(values, p):
-        return statistics.quantiles(values, n=100)[p - 1]
-    print(f"latency, {retractions} retractions, Tansu, publish → status visible in the view")
-    print(f"  retract → belief invalid   p50 {q(invalid, 50):7.1f} ms   p95 {q(invalid, 95):7.1f} ms")
-    print(f"  baseline episode → visible p50 {q(visible, 50):7.1f} ms   p95 {q(visible, 95):7.1f} ms   "
-          f"ratio p50 {q(invalid, 50) / q(visible, 50):.2f}")
+    return invalid, visible
 
 
 async def _timed_episode(settings, w, eid) -> float:
@@ -133,5 +142,4 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--retractions", type=int, default=40)
     args = parser.parse_args()
-    walk([int(x) for x in args.sizes.split(",")])
-    latency(args.retractions)
+    print_scenario("invalidation", measure([int(x) for x in args.sizes.split(",")], args.retractions))

@@ -12,8 +12,9 @@
    then, warm, N random (user, question) pairs, round robin with the order
    rotated each pair so noise and cache order hit every read alike: p50/p95/p99 of
    `live_beliefs(limit=50)`, `recall(mode="instance")`, `recall(mode="pattern")`;
-   baseline in the same run: the pattern question answered from raw episodes
-   only (embed, one search of 40 episodes, rerank to 10). Then where recall's
+   baseline in the same run: read-time synthesis, the pattern question answered
+   from raw episodes only (embed, one search of 40 episodes, rerank to 10,
+   group by the terms they share). Then where recall's
    time goes: the real `recall` with its view, embedder, `_search`,
    `_evidence` and `rerank` wrapped in timers (and, inside the view calls,
    Edge's own query/retrieve vs the Python around them).
@@ -23,6 +24,8 @@
    one connection per request (urllib, no keep-alive), each answer checked
    against the in-process one; baseline: GET /healthz on the same worker.
    HTTP overhead = HTTP − in-process.
+4. memory: the peak RSS (VmHWM) of that worker after serving every user,
+   against a worker of the same settings over an empty view in the same run.
 
 The machine is shared and noisy: compare the ratios, not the times.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import random
 import statistics
 import subprocess
@@ -46,6 +50,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 
@@ -53,6 +58,7 @@ import processors.retrieval as retrieval  # noqa: E402
 from conftest import Worker, settings_env, wait_for  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
+from processors.reasoners import _shared_terms  # noqa: E402
 from processors.reflection import Candidate, rerank  # noqa: E402
 from processors.retrieval import RECALL_WEIGHTS, recall  # noqa: E402
 from processors.view import EdgeView, ViewPoint  # noqa: E402
@@ -61,8 +67,10 @@ from streams.api import live_beliefs  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
+from suite_figures import figure, print_scenario, target  # noqa: E402
 
 DIM, VIEW, BATCH = 384, "reflect", 2000
+SYNTHESIS = "baseline read-time synthesis"
 VERBS = ("retried fixed reverted merged reviewed deployed skipped pinned bumped rolled cached mocked "
          "rebased squashed profiled refactored linted debugged").split()
 NOUNS = ("flaky test, auth token, db migration, redis cache, staging deploy, prod alert, ci pipeline, "
@@ -92,7 +100,7 @@ def question(rng: random.Random) -> str:
 
 # ------------------------------------------------------------------ 1. build
 
-def build(root: Path, users: int, episodes: int, beliefs: int) -> None:
+def build(root: Path, users: int, episodes: int, beliefs: int) -> int:
     rng, embedder = random.Random(11), HashingEmbedder(DIM)
     t0 = time.perf_counter()
     view = EdgeView(root, VIEW, DIM)
@@ -138,6 +146,7 @@ def build(root: Path, users: int, episodes: int, beliefs: int) -> None:
     print(f"build: {users} users × ({episodes} episodes + {beliefs} beliefs) = {total:,} points "
           f"in {elapsed:.1f} s ({total / elapsed:,.0f} points/s)")
     print("  " + "   ".join(f"{k} {v:.1f} s ({v / elapsed:.0%})" for k, v in parts.items()))
+    return total
 
 
 # ------------------------------------------------------------ 2. in-process
@@ -169,13 +178,16 @@ def first_reads(users: int, reads: dict, question_of) -> dict[str, list[float]]:
     return cold
 
 
-def episodes_only(view, embedder, user: str, query: str, k: int = 10) -> list[Candidate]:
-    """The baseline: the pattern question answered from raw episodes, no beliefs."""
+def synthesize_at_read(view, embedder, user: str, query: str, k: int = 10) -> list[tuple[str, list[str]]]:
+    """The baseline: a pattern question answered with no beliefs, by synthesis at
+    read time — the top episodes reranked, then grouped by what recurs in them
+    (the offline reasoner's grouping: terms shared by ≥ 2 of them)."""
     vector = embedder.embed([query])[0]
     found = [Candidate(h.payload["episode_id"], "episode", h.payload["text"], float(h.payload.get("importance", 0.0)),
                        h.payload["occurred_at"], int(h.payload.get("depth", 0)), h.score)
              for h in view.search(user, vector, 4 * k, kind="episode", status="recorded")]
-    return rerank(found, datetime.now(timezone.utc), k, RECALL_WEIGHTS)
+    top = rerank(found, datetime.now(timezone.utc), k, RECALL_WEIGHTS)
+    return [(term, [top[i - 1].id for i in numbers]) for term, numbers in _shared_terms([c.text for c in top])]
 
 
 class Clock:
@@ -309,7 +321,7 @@ def in_process(root: Path, users: int, n: int, min_score: float) -> tuple[dict, 
         "beliefs limit=50": lambda u, s: live_beliefs(view, u, 50),
         "recall instance": lambda u, s: recall(view, embedder, u, s, "instance", 10, min_belief_score=min_score),
         "recall pattern": lambda u, s: recall(view, embedder, u, s, "pattern", 10, min_belief_score=min_score),
-        "baseline episodes-only": lambda u, s: episodes_only(view, embedder, u, s),
+        SYNTHESIS: lambda u, s: synthesize_at_read(view, embedder, u, s),
     }
     asks = random.Random(9)
     cold = first_reads(users, {k: reads[k] for k in ("beliefs limit=50", "recall pattern", "recall instance")},
@@ -335,7 +347,7 @@ def in_process(root: Path, users: int, n: int, min_score: float) -> tuple[dict, 
     print(f"  beliefs served per call: {min(served)}..{max(served)}; pattern recall fell back to episodes "
           f"in {fallbacks}/{n} (min_belief_score {min_score}); "
           f"pattern results per call {min(results)}..{max(results)}, mean {statistics.mean(results):.1f}")
-    base = stats(times["baseline episodes-only"])
+    base = stats(times[SYNTHESIS])
     print(f"  {'read':<24} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}   p50/baseline  p95/baseline")
     for name, values in times.items():
         p = stats(values)
@@ -367,7 +379,8 @@ def fetch(port: int, path: str):
         return orjson.loads(answer.read())
 
 
-def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_score: float) -> None:
+def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_score: float) -> tuple[dict, dict]:
+    """Stats per route, and the peak RSS (KiB) of this worker and of one over an empty view."""
     with EmbeddedBroker(log_path=str(tmp / "tansu.log")) as broker:
         tag = uuid.uuid4().hex[:6]
         settings = Settings.load(env={}, broker=broker.url, app_id=f"bench-read-{tag}",
@@ -406,8 +419,10 @@ def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_scor
                         same[name] += [r["id"] for r in out["results"]] == answers[name, i]
                     elif name.startswith("beliefs"):
                         same[name] += [b["reflection_id"] for b in out["beliefs"]] == answers[name, i]
+            rss = {"loaded": peak_rss_kib(w.process.pid)}
         finally:
             w.stop()
+        rss["empty"] = empty_worker_rss(settings, tmp)
     print(f"HTTP: reflect worker on Tansu, started (view load + group join) in {started:.1f} s; first requests "
           f"for each of {users} users (in this order), p50: " + ", ".join(f"{k} {q(v, 50):.2f} ms" for k, v in cold.items()))
     print(f"  then warm: {len(pairs)} requests per route, round robin, order rotated, one connection each")
@@ -422,6 +437,50 @@ def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_scor
         else:
             extra = f"{'':>22}"
         print(f"  {name:<24} {p[0]:8.2f} {p[1]:8.2f} {p[2]:8.2f}   {extra}  {p[0] / base[0]:9.2f}x")
+    return {name: stats(values) for name, values in times.items()}, rss
+
+
+def peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc (Linux only)")
+
+
+def empty_worker_rss(settings: Settings, tmp: Path) -> int:
+    """The baseline of memory: the same worker over an empty view, after one read."""
+    empty = dataclasses.replace(settings, app_id=settings.app_id + "-empty", data_dir=str(tmp / "empty"),
+                                web_port=free_port())
+    w = PatientWorker(empty, tmp / "empty-worker.log").start()
+    try:
+        fetch(empty.web_port, "/v1/users/user-000/beliefs?limit=50")
+        return peak_rss_kib(w.process.pid)
+    finally:
+        w.stop()
+
+
+def measure(users: int, episodes: int, beliefs: int = 20, n: int = 200, http: bool = True) -> dict:
+    # The worker's default cosine floor for a belief to answer a pattern question,
+    # used in-process too so both sides serve the same answers.
+    min_score = Settings.load(env={}).recall_min_score
+    with tempfile.TemporaryDirectory() as tmp:
+        view_dir = Path(tmp) / "data" / "view"
+        points = build(view_dir, users, episodes, beliefs)
+        local, pairs, answers = in_process(view_dir, users, n, min_score)
+        remote, rss = over_http(Path(tmp), users, pairs, local, answers, min_score) if http else ({}, {})
+    base = local[SYNTHESIS]
+    figures = [figure(f"in-process {name} p{p}", local[name][i], "ms", f"read-time synthesis p{p}", base[i])
+               for name in ("beliefs limit=50", "recall pattern", "recall instance") for i, p in ((0, 50), (1, 95))]
+    figures += [figure(f"HTTP {name} p{p}", remote[name][i], "ms", f"in-process p{p}", local[name][i])
+                for name in ("beliefs limit=50", "recall pattern") if name in remote for i, p in ((0, 50), (1, 95))]
+    out = {"users": users, "episodes_per_user": episodes, "points": points, "figures": figures,
+           "latency_ms": {name: dict(zip(("p50", "p95", "p99"), v)) for name, v in local.items()},
+           "targets": [target("beliefs p95 in-process (ms)", local["beliefs limit=50"][1], "<=", 5.0)]}
+    if rss:
+        out["memory"] = {"figures": [figure(f"worker peak RSS, {users} users × {episodes} episodes",
+                                            rss["loaded"] / 1024, "MiB", "worker over an empty view",
+                                            rss["empty"] / 1024)]}
+    return out
 
 
 if __name__ == "__main__":
@@ -435,14 +494,9 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.quick:
         args.users, args.episodes, args.n = 20, 1000, 100
-    # The worker's default cosine floor for a belief to answer a pattern question,
-    # used in-process too so both sides serve the same answers.
-    min_score = Settings.load(env={}).recall_min_score
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        view_dir = Path(tmp) / "data" / "view"
-        build(view_dir, args.users, args.episodes, args.beliefs)
-        local, pairs, answers = in_process(view_dir, args.users, args.n, min_score)
-        if not args.no_http:
-            over_http(Path(tmp), args.users, pairs, local, answers, min_score)
+    result = measure(args.users, args.episodes, args.beliefs, args.n, not args.no_http)
+    print_scenario("read path", result)
+    if "memory" in result:
+        print_scenario("memory", result["memory"])
     print(f"total {time.perf_counter() - started:.0f} s")
