@@ -194,8 +194,8 @@ def create_app(settings: Settings) -> Runtime:
             # capped ingest at ~370 episodes/s. Written as Table.__setitem__
             # would, but to the partition of the user's own events.
             for user, (partition, acc) in changed.items():
-                accumulators.data[user] = acc.to_dict()
-                accumulators.send_changelog(partition, user, acc.to_dict())
+                state = accumulators.data[user] = acc.to_dict()
+                accumulators.send_changelog(partition, user, state)
 
     invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
     # What the invalidator knows is gone, per user (see processors/invalidator.py).
@@ -321,13 +321,16 @@ async def apply_or_dead_letter(apply, admitted, dead_letter, attempts: int = 3) 
     records = [record for record, _ in admitted]
     for attempt in range(attempts):
         try:
-            apply(records)
+            # Off the event loop: embedding is the projector's cost (MiniLM's ONNX
+            # runtime releases the GIL), and fetching, the other agents and the
+            # API go on meanwhile. The view is Serialized, so threads are safe.
+            await asyncio.to_thread(apply, records)
             return
         except Exception:
             log.exception("applying %d events failed (attempt %d/%d)", len(records), attempt + 1, attempts)
             await asyncio.sleep(0.1 * 2**attempt)
     for record, message in admitted:
         try:
-            apply([record])
+            await asyncio.to_thread(apply, [record])
         except Exception as error:
             await dead_letter(message, error, "project")
