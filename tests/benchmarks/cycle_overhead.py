@@ -96,8 +96,8 @@ class WholeStore:
     def search_many(self, user_id, vectors, k, before=None, **match) -> list[list[Hit]]:
         return [self.search(user_id, v, k, before, **match) for v in vectors]
 
-    def get(self, ids):
-        return self.view.get(ids)
+    def __getattr__(self, name):  # everything but the evidence search as the view does it
+        return getattr(self.view, name)
 
 
 def cycle_ms(view, request, reasoner, reps: int) -> float:

@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -71,7 +72,11 @@ def run(quick: bool, only: list[str] | None = None) -> dict:
     started = time.perf_counter()
     for name in only or list(SIZES):
         t = time.perf_counter()
-        result = scenario(name, SIZES[name][0 if quick else 1])
+        try:
+            result = scenario(name, SIZES[name][0 if quick else 1])
+        except Exception as exc:  # one broken scenario must not cost the others' figures
+            traceback.print_exc()
+            result = {"error": f"{type(exc).__name__}: {exc}", "figures": []}
         result["seconds"] = round(time.perf_counter() - t, 1)
         doc["scenarios"][name] = result
         print_scenario(name, result)
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         missed = [t for t in doc["targets"] if not t["met"]]
         print(f"{len(doc['targets']) - len(missed)}/{len(doc['targets'])} targets met in {doc['seconds']:.0f} s"
               + "".join(f"\n  not met: {t['what']} = {t['value']} (want {t['op']} {t['limit']})" for t in missed))
-    return 0
+    return 1 if any("error" in r for r in doc["scenarios"].values()) else 0
 
 
 if __name__ == "__main__":
