@@ -3,7 +3,33 @@ Kafka Connect style error headers, so an operator can read why and replay."""
 
 from __future__ import annotations
 
-from schemas import ContractError
+from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated,
+                     ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced, ReflectionRequested,
+                     decode)
+
+
+# The event types each topic carries; anything else there is bad input.
+ON_EPISODES = (EpisodeRecorded, EpisodeRetracted)
+ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted)
+ON_REQUESTS = (ReflectionRequested,)
+
+
+def carried(settings) -> dict[str, tuple[type, ...]]:
+    return {settings.topic_episodes: ON_EPISODES, settings.topic_reflections: ON_REFLECTIONS,
+            settings.topic_requests: ON_REQUESTS}
+
+
+def accept(message, carries: dict[str, tuple[type, ...]]) -> Event:
+    """The record of a Kafka message, or ContractError: it must decode, be of a
+    type its topic carries, and be keyed by its user (one user's events in
+    order on one partition, co-partitioned with the per-user tables, which are
+    written to the partition of the event)."""
+    record = decode(message.value)
+    if not isinstance(record, carries[message.topic]):
+        raise ContractError("type", f"{record.TYPE} does not belong on {message.topic}")
+    if message.key != record.user_id.encode():
+        raise ContractError("(key)", f"the message key must be the user_id {record.user_id!r}")
+    return record
 
 
 def dead_letter_headers(topic: str, partition: int, offset: int, error: Exception,

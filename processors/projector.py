@@ -24,7 +24,10 @@ REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidat
 
 
 def point_id(kind: str, user_id: str, record_id: str) -> str:
-    return str(uuid.uuid5(POINTS, f"{kind}:{user_id}:{record_id}"))
+    # Ids may hold ':', so the user's is escaped: else user "acme" with
+    # episode "bob:e1" and user "acme:bob" with "e1" named one point. ('%'
+    # cannot occur in an id; ids without ':' keep the points they had.)
+    return str(uuid.uuid5(POINTS, f"{kind}:{user_id.replace(':', '%3A')}:{record_id}"))
 
 
 def episode_point(event: EpisodeRecorded | EpisodeRetracted) -> str:

@@ -32,6 +32,12 @@ EVENT_TYPES = (
     "ReflectionCycleCompleted",
 )
 PAYLOAD = "(payload)"  # the field name used when the bytes themselves are wrong
+# Levels of objects and arrays in one event, the event object itself included.
+# The view stores a payload nested 127 levels deep but cannot read it back
+# (Qdrant's payload decoder stops at 128: every search and scroll of that user
+# then fails), orjson writes at most 254, and Python's recursion limit ends
+# near 1000: an event nested deeper than this is refused here, naming its field.
+MAX_NESTING = 64
 
 
 class ContractError(ValueError):
@@ -235,7 +241,10 @@ def _path(parts) -> str:
     out = ""
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or PAYLOAD
+    # Bounded, and text: a field name goes into headers and answers, and keys
+    # can be long or carry bytes that are not UTF-8 (shown as U+FFFD).
+    out = _SURROGATE.sub("\ufffd", out)
+    return (out if len(out) <= 200 else out[:199] + "…") or PAYLOAD
 
 
 def _field_of(error: fastjsonschema.JsonSchemaValueException) -> str:
@@ -265,6 +274,20 @@ def _unencodable(value: Any, path: tuple = ()) -> tuple[str, str] | None:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _too_deep(data: Any) -> str | None:
+    """The top-level field holding a value nested past MAX_NESTING, if any
+    (iterative: a recursive walk is what deep nesting would break)."""
+    stack = [(data, 1, None)]
+    while stack:
+        value, depth, top = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_NESTING:
+                return _path((top,)) if isinstance(top, str) else PAYLOAD
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend((v, depth + 1, k if top is None else top) for k, v in items)
+    return None
+
+
 def check(data: Any) -> str:
     """Validate one decoded event against its schema file; returns its type."""
     if not isinstance(data, dict):
@@ -272,6 +295,8 @@ def check(data: Any) -> str:
     kind = data.get("type")
     if kind is None:
         raise ContractError("type", "is missing")
+    if not isinstance(kind, str):
+        raise ContractError("type", f"must be a string (got {type(kind).__name__})")
     if kind not in RECORDS:
         raise ContractError("type", f"unknown event type {str(kind)[:64]!r}")
     version = data.get("schema_version")
@@ -279,6 +304,9 @@ def check(data: Any) -> str:
         raise ContractError(
             "schema_version", f"unsupported schema_version {version} (this build reads {SCHEMA_VERSION})"
         )
+    deep = _too_deep(data)
+    if deep:
+        raise ContractError(deep, f"is nested more than {MAX_NESTING} levels deep")
     bad = _unencodable(data)
     if bad:
         raise ContractError(*bad)
@@ -319,9 +347,9 @@ def decode(raw: bytes) -> Event:
             # Parse leniently only to say *which* field carries the bad bytes.
             try:
                 lenient = json.loads(raw.decode("utf-8", "surrogateescape"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 lenient = None
-            where = _unencodable(lenient) if lenient is not None else None
+            where = _unencodable(lenient) if lenient is not None and _too_deep(lenient) is None else None
             field = where[0] if where else PAYLOAD
             raise ContractError(field, f"is not valid UTF-8 (byte {utf.start})") from None
         raise ContractError(PAYLOAD, f"is not valid JSON: {exc}") from None

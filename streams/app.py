@@ -15,24 +15,23 @@ from dataclasses import dataclass
 
 import faust
 
-from processors.dlq import dead_letter_headers
+from processors.dlq import accept, carried, dead_letter_headers
 from processors.embedders import Embedder, make_embedder
 from processors.accumulator import Accumulator, Trigger, admit
 from processors.freshness import cycle_number
 from processors.guard import Breaker, Budget, Spend, Tally, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state
-from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
+from processors.projector import (REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
                                   point_id)
 from processors.reasoners import Reasoner, make_reasoner
 from processors.reflector import CycleConfig, refused, run_cycle, window_records, window_refs
 from processors.view import VectorStore, open_view
-from schemas import (ContractError, EpisodeRetracted, ReflectionCreated, ReflectionCycleCompleted,
-                     ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, decode)
+from schemas import (ContractError, EpisodeRetracted, ReflectionCreated, ReflectionReinforced,
+                     ReflectionRequested)
 from streams import api
 from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("reflect")
-ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted)
 
 
 @dataclass
@@ -145,14 +144,14 @@ def create_app(settings: Settings) -> Runtime:
         await dlq[message.topic].send(key=message.key, value=message.value, headers=dead_letter_headers(
             message.topic, message.partition, message.offset, error, stage))
 
-    async def admitted(batch, types):
-        """Decoded records of the expected types; the rest dead-lettered."""
+    belongs = carried(settings)
+
+    async def admitted(batch):
+        """Accepted records (see `accept`); the rest dead-lettered."""
         out = []
         for event in batch:
             try:
-                record = decode(event.message.value)
-                if not isinstance(record, types):
-                    raise ContractError("type", f"{record.TYPE} does not belong on {event.message.topic}")
+                record = accept(event.message, belongs)
             except ContractError as error:
                 await dead_letter(event.message, error, "decode")
                 continue
@@ -162,7 +161,7 @@ def create_app(settings: Settings) -> Runtime:
     @app.agent(episodes, name="projector")
     async def project(stream):
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
-            records = await admitted(batch, EPISODE_TYPES)
+            records = await admitted(batch)
             async with runtime.projection_lock:
                 await apply_or_dead_letter(projector.apply, records, dead_letter)
 
@@ -170,7 +169,7 @@ def create_app(settings: Settings) -> Runtime:
     async def project_reflections(stream):
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
             # Invalidations and audit events are valid here; only these change the view yet.
-            records = [(r, m) for r, m in await admitted(batch, ON_REFLECTIONS) if isinstance(r, REFLECTION_TYPES)]
+            records = [(r, m) for r, m in await admitted(batch) if isinstance(r, REFLECTION_TYPES)]
             async with runtime.projection_lock:
                 await apply_or_dead_letter(reflection_projector.apply, records, dead_letter)
 
@@ -180,7 +179,7 @@ def create_app(settings: Settings) -> Runtime:
             changed: dict[str, tuple[int, Accumulator]] = {}
             for event in batch:
                 try:
-                    record = decode(event.message.value)
+                    record = accept(event.message, belongs)
                 except ContractError:
                     continue  # dead letters are the projectors' job; here a bad event is only skipped
                 user = record.user_id
@@ -207,7 +206,7 @@ def create_app(settings: Settings) -> Runtime:
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
             for event in batch:
                 try:
-                    record = decode(event.message.value)
+                    record = accept(event.message, belongs)
                 except ContractError:
                     continue  # dead letters are the projectors' job
                 if isinstance(record, (EpisodeRetracted, ReflectionCreated, ReflectionReinforced)):
@@ -278,7 +277,7 @@ def create_app(settings: Settings) -> Runtime:
     @app.agent(requests, name="reflector")
     async def reflect(stream):
         async for event in stream.events():
-            for request, message in await admitted([event], (ReflectionRequested,)):
+            for request, message in await admitted([event]):
                 runtime.running[request.user_id] = request.cycle_id
                 try:
                     made = await cycle(request, message.partition)

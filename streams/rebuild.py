@@ -24,7 +24,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from schemas import ContractError, decode
+from processors.dlq import accept, carried
+from schemas import ContractError
+from streams.security import client_options
 
 log = logging.getLogger("reflect")
 
@@ -49,7 +51,8 @@ class Progress:
                 "skipped": len(self.skipped)}
 
 
-async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, progress: Progress) -> None:
+async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, carries,
+                  progress: Progress) -> None:
     """Apply every event to the end of each partition: at least `floor` (the
     end offsets), and on to the high watermark the fetches report — Tansu's
     ListOffsets answers the last batch's base offset, so end offsets alone
@@ -60,7 +63,7 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, pr
             records = []
             for m in messages:
                 try:
-                    records.append(decode(m.value))
+                    records.append(accept(m, carries))
                 except ContractError:  # it went to a dead-letter topic when it was first read
                     progress.skipped.append(f"{tp.topic}[{tp.partition}]@{m.offset}")
             projectors[tp.topic]([r for r in records if isinstance(r, EPISODE_TYPES + REFLECTION_TYPES)])
@@ -80,7 +83,8 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
     progress.old_view, progress.new_view = runtime.view.name, fresh.name
     episodes, reflections = EpisodeProjector(fresh, embedder), ReflectionProjector(fresh, embedder)
     projectors = {settings.topic_episodes: episodes.apply, settings.topic_reflections: reflections.apply}
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False,
+    carries = carried(settings)  # what the live path dead-lettered, the replay skips
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
     await consumer.start()
     try:
@@ -89,10 +93,10 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
         await consumer.seek_to_beginning(*parts)
         start, until = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
         progress.total = sum(until[tp] - start[tp] for tp in parts)  # a lower bound on Tansu
-        await _replay(consumer, parts, until, projectors, progress)
+        await _replay(consumer, parts, until, projectors, carries, progress)
         async with projection_lock:  # the live projectors wait here, briefly
             progress.state = "swapping"
-            await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, progress)
+            await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)
             fresh.promote()
             old = runtime.view.swap(fresh)
         old.drop()

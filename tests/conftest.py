@@ -1,8 +1,10 @@
 """Fixtures: a real broker per test session, real workers as child processes.
 
-The broker is a test setting: REFLECT_TEST_BROKER=tansu (default) or noida.
-Each test gets its own topics and consumer group, so tests share one broker
-without sharing state.
+The broker is a test setting: REFLECT_TEST_BROKER=tansu (default), noida, or
+kafka (Apache Kafka from testcontainers); REFLECT_TEST_QDRANT=server puts the
+view on a Qdrant server from testcontainers instead of Edge. Each test gets its
+own topics, consumer group and view, so tests share one broker without sharing
+state.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from typing import Callable
 import orjson
 import pytest
 
-from streams.broker import EmbeddedBroker, free_port
+from streams.broker import BrokerError, EmbeddedBroker, free_port, wait_until_ready
 from streams.settings import Settings
 
 TEST_BROKER = os.environ.get("REFLECT_TEST_BROKER", "tansu")
+TEST_QDRANT = os.environ.get("REFLECT_TEST_QDRANT", "edge")
+KAFKA_IMAGE = "apache/kafka:3.9.1"  # the images of deploy/compose.yaml
+QDRANT_IMAGE = "qdrant/qdrant:v1.16.2"
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, every: float = 0.1):
@@ -40,16 +45,124 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, every: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def docker_containers(selection: str):
+    """testcontainers' DockerContainer, once a Docker engine answers.
+
+    Otherwise every test that needs `selection` is skipped with the reason:
+    falling back to Tansu or Edge would pass without testing what was asked.
+    Imported here, not at the top: the default run needs neither testcontainers
+    nor Docker."""
+    reason = f"{selection} needs a Docker engine"
+    try:
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.docker_client import DockerClient
+    except ImportError as exc:
+        pytest.skip(f"{reason}: testcontainers is not installed ({exc}; pip install -e '.[test]')")
+    try:
+        DockerClient().client.ping()
+    except Exception as exc:  # docker's DockerException: no socket, refused, no permission
+        pytest.skip(f"{reason}: {exc}")
+    return DockerContainer
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+class KafkaContainerBroker:
+    """Apache Kafka (KRaft, one node) in a container, used like EmbeddedBroker.
+
+    Not testcontainers' KafkaContainer: it drives the start scripts of
+    Confluent's cp-kafka image, which apache/kafka does not have. Clients dial
+    the advertised listener, so the host port is chosen first and bound to the
+    same port in the container."""
+
+    kind = "kafka"
+
+    def __init__(self, container_class, log_path: Path) -> None:
+        from testcontainers.core.docker_client import DockerClient
+
+        self.host, self.port, self.log_path = DockerClient().host(), free_port(), log_path
+        self.container = container_class(KAFKA_IMAGE).with_bind_ports(self.port, self.port)
+        for name, value in {
+            "KAFKA_NODE_ID": "1",
+            "KAFKA_PROCESS_ROLES": "broker,controller",
+            "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+            "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+            "KAFKA_LISTENERS": f"PLAINTEXT://:{self.port},CONTROLLER://:9093",
+            "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{self.host}:{self.port}",
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            # One node: the internal topics (offsets, transactions) get one replica.
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+            "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        }.items():
+            self.container.with_env(name, value)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+    def __enter__(self) -> "KafkaContainerBroker":
+        self.container.start()
+        try:
+            asyncio.run(wait_until_ready(self.bootstrap, timeout=120))
+        except BrokerError:
+            self.__exit__()
+            raise BrokerError(f"Apache Kafka ({KAFKA_IMAGE}) did not answer; see {self.log_path}") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        out, err = self.container.get_logs()
+        self.log_path.write_bytes(out + err)
+        self.container.stop()
+
+    def pause(self) -> None:
+        self.container.get_wrapped_container().pause()
+
+    def resume(self) -> None:
+        self.container.get_wrapped_container().unpause()
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     log = tmp_path_factory.mktemp("broker") / f"{TEST_BROKER}.log"
+    if TEST_BROKER == "kafka":
+        with KafkaContainerBroker(docker_containers("REFLECT_TEST_BROKER=kafka"), log) as b:
+            yield b
+        return
     with EmbeddedBroker(kind=TEST_BROKER, log_path=str(log), ready_timeout=60) as b:
         yield b
 
 
+@pytest.fixture(scope="session")
+def qdrant_url():
+    """None (each test's Edge view in its data dir), or a Qdrant server's URL."""
+    if TEST_QDRANT == "edge":
+        yield None
+        return
+    if TEST_QDRANT != "server":
+        pytest.fail(f"REFLECT_TEST_QDRANT={TEST_QDRANT!r}: expected edge or server", pytrace=False)
+    with docker_containers("REFLECT_TEST_QDRANT=server")(QDRANT_IMAGE).with_exposed_ports(6333) as qdrant:
+        url = f"http://{qdrant.get_container_host_ip()}:{qdrant.get_exposed_port(6333)}"
+        wait_for(lambda: http_status(f"{url}/readyz") == 200, 60, f"Qdrant ({QDRANT_IMAGE}) /readyz")
+        yield url
+
+
 @pytest.fixture
-def settings(broker, tmp_path) -> Settings:
-    """Settings of one test: its own topics, group and data dir on the session broker."""
+def settings(qdrant_url, broker, tmp_path) -> Settings:
+    """Settings of one test: its own topics, group, data dir and view on the session broker."""
     tag = uuid.uuid4().hex[:8]
     return Settings.load(
         env={},
@@ -60,6 +173,9 @@ def settings(broker, tmp_path) -> Settings:
         topic_reflections=f"reflections-{tag}",
         data_dir=str(tmp_path / "data"),
         web_port=free_port(),
+        # A shared server needs a view (alias) per test; Edge keeps the default name.
+        qdrant_url=qdrant_url,
+        view=f"reflect-{tag}" if qdrant_url else None,
     )
 
 
@@ -133,3 +249,37 @@ def worker(settings, tmp_path):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def read_topic(settings: Settings, topic: str, parse=lambda record: record) -> list:
+    """Every record of a topic the worker writes, parsed (one record per batch,
+    so the broker's end offsets are exact there)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False,
+                                max_partition_fetch_bytes=4_000_000, fetch_max_bytes=16_000_000)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end, out = await consumer.end_offsets(tps), []
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(parse(r) for r in records)
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def committed_offsets(settings: Settings, tps) -> dict:
+    """The worker group's committed offset per partition (None: nothing yet)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=settings.app_id,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return {tp: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()
