@@ -370,7 +370,9 @@ class Serialized:
 def open_view(settings, dim: int) -> VectorStore:
     """The view the settings name: a Qdrant server if qdrant_url is set, else Edge."""
     if settings.qdrant_url:
-        view = QdrantView.connect(settings.qdrant_url, settings.view, dim, api_key=os.environ.get("QDRANT_API_KEY"))
+        # REFLECT_QDRANT_API_KEY, else QDRANT_API_KEY (read before the setting existed).
+        key = settings.qdrant_api_key or os.environ.get("QDRANT_API_KEY")
+        view = QdrantView.connect(settings.qdrant_url, settings.view, dim, api_key=str(key) if key else None)
     else:
         view = EdgeView(settings.view_dir, settings.view, dim)
     return Serialized(view)

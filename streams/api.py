@@ -4,18 +4,28 @@ Writes go through Kafka: they answer 202 once the broker has acknowledged the
 event, and become visible when the projector has applied it. Errors are
 `{"error": {"code", "message", "field"?}}` with a 4xx status; an unexpected
 failure is logged and answered as a JSON 500, never with a trace.
+
+With `api_token` set every route but /healthz wants `Authorization: Bearer
+<token>` (401 otherwise); /healthz stays open because probes carry no
+credentials and it tells nothing but readiness. /metrics is guarded too: it
+names topics and partitions, and Prometheus sends a bearer token
+(`authorization: {credentials_file: …}` in its scrape config). A body over
+`max_request_bytes` is refused with 413 before the handler reads it when
+Content-Length says so, and while it is read otherwise (chunked).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
+from aiohttp import web
 from faust.web import Request, Response, View
 
 from processors import provenance
@@ -25,10 +35,13 @@ from processors.guard import Spend, day_of
 from processors.projector import point_id
 from processors.retrieval import pinned_score, prompt_block, recall
 from schemas import ContractError, ReflectionRequested, new_id, now, parse_time
+from streams import metrics
 from streams.producer import make_episode, make_retraction
 
 log = logging.getLogger("reflect.api")
 EPISODE_FIELDS = {"text", "importance", "episode_id", "occurred_at", "source", "metadata"}
+RETRACT_FIELDS = {"reason"}
+OPEN_PATHS = frozenset({"/healthz"})  # probes carry no token
 SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
 
 
@@ -59,8 +72,62 @@ def answers_json(handler):
     return wrapped
 
 
+def _error_response(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(error.body()), status=error.status, content_type="application/json",
+                        headers=headers)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"the request body is over the limit of {limit} bytes "
+                                      "(REFLECT_MAX_REQUEST_BYTES)", "(body)")
+
+
+def bearer_ok(header: str | None, token: str) -> bool:
+    """Whether an Authorization header carries the token; constant-time, so the
+    answer's timing tells nothing about how much of a guess was right."""
+    scheme, _, given = (header or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+def guard(token: str | None, limit: int):
+    """aiohttp middleware in front of every route, Faust's own included: the
+    bearer token, the declared body size, and JSON for the router's errors."""
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if token and request.path not in OPEN_PATHS:
+            header = request.headers.get("Authorization")
+            if not bearer_ok(header, str(token)):
+                challenge = 'Bearer realm="reflect"' + (', error="invalid_token"' if header else "")
+                return _error_response(ApiError(401, "unauthorized", "a valid bearer token is required "
+                                                "(Authorization: Bearer <REFLECT_API_TOKEN>)"),
+                                       {"WWW-Authenticate": challenge})
+        if request.content_length is not None and request.content_length > limit:
+            return _error_response(too_large(limit))
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:  # no route, wrong method: JSON like every other error
+            if exc.status < 400:
+                raise
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return _error_response(ApiError(exc.status, _HTTP_CODES.get(exc.status, "invalid"), exc.reason), allow)
+    return middleware
+
+
+def web_options(settings) -> dict[str, Any]:
+    """faust.App(web_application_options=…): aiohttp's own body limit (what a
+    read of a chunked body stops at) and the guard."""
+    return {"client_max_size": settings.max_request_bytes,
+            "middlewares": [guard(settings.api_token, settings.max_request_bytes)]}
+
+
 async def json_body(request: Request, required: bool = True) -> dict[str, Any]:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:  # a chunked body ran over client_max_size while read
+        raise too_large(request.client_max_size) from None
     if not raw.strip():
         if required:
             raise ApiError(422, "invalid", "a JSON object body is required", "(body)")
@@ -169,6 +236,13 @@ def install(runtime, tables: Tables, episodes_topic, requests_topic) -> None:
         except (asyncio.TimeoutError, OSError) as exc:
             raise ApiError(503, "unavailable", f"the broker did not acknowledge the event: {exc!r}") from None
 
+    @app.page("/metrics")
+    class Metrics(View):
+        @answers_json
+        async def get(self, request: Request) -> Response:
+            text = metrics.scrape(app, (settings.topic_episodes, settings.topic_requests, settings.topic_reflections))
+            return self.bytes(text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
     @app.page("/healthz")
     class Health(View):
         @answers_json
@@ -211,6 +285,9 @@ def install(runtime, tables: Tables, episodes_topic, requests_topic) -> None:
         @answers_json
         async def post(self, request: Request, user_id: str, episode_id: str) -> Response:
             body = await json_body(request, required=False)
+            unknown = sorted(set(body) - RETRACT_FIELDS)
+            if unknown:
+                raise ApiError(422, "invalid", f"unknown field (expected {sorted(RETRACT_FIELDS)})", unknown[0])
             event = make_retraction(user_id, episode_id, body.get("reason", "incorrect"))
             await publish(episodes_topic, event)
             return self.json({"episode_id": episode_id, "event_id": event.event_id}, status=202)

@@ -28,7 +28,9 @@ from processors.reflector import CycleConfig, refused, run_cycle, window_records
 from processors.view import VectorStore, open_view
 from schemas import (ContractError, EpisodeRetracted, ReflectionCreated, ReflectionReinforced,
                      ReflectionRequested)
-from streams import api
+from streams import api, metrics
+from streams.logs import redacted
+from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("reflect")
@@ -83,9 +85,10 @@ def faust_app(settings: Settings) -> faust.App:
         datadir=str(Path(settings.data_dir) / "faust"),
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
-        # Exactly-once fails on Tansu (InitProducerId): at-least-once, and
-        # every effect is idempotent.
-        processing_guarantee="at_least_once",
+        # at_least_once by default (every effect is idempotent); exactly_once
+        # needs Apache Kafka: it fails on Tansu (InitProducerId).
+        processing_guarantee=settings.processing_guarantee,
+        broker_credentials=faust_credentials(settings),
         # Tansu misreports a partition's end offset when the last batch holds
         # more than one record, and changelog recovery then skips the tail;
         # one record per batch keeps recovery exact.
@@ -96,8 +99,12 @@ def faust_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         key_serializer="json",
         value_serializer="json",
-        web_host="127.0.0.1",
+        # web_bind is what the server listens on (Faust's default: every
+        # interface); web_host only names it in URLs Faust generates.
+        web_host=settings.web_host,
+        web_bind=settings.web_host,
         web_port=settings.web_port,
+        web_application_options=api.web_options(settings),
         web_in_thread=False,
     )
     app.fetch_wait_ms = round(settings.fetch_wait * 1000)
@@ -106,6 +113,7 @@ def faust_app(settings: Settings) -> faust.App:
 
 def create_app(settings: Settings) -> Runtime:
     app = faust_app(settings)
+    metrics.configure_tracing(settings, app)
     embedder = make_embedder(settings.embedder)
     view = open_view(settings, embedder.dim)
     projector = EpisodeProjector(view, embedder)
@@ -139,8 +147,11 @@ def create_app(settings: Settings) -> Runtime:
     cycles_done = app.Table("cycles-done", default=int, partitions=settings.partitions)
 
     async def dead_letter(message, error: Exception, stage: str) -> None:
-        log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition,
-                    message.offset, stage, error)
+        log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition, message.offset, stage,
+                    redacted(error), extra={"topic": message.topic, "partition": message.partition,
+                                            "offset": message.offset, "stage": stage,
+                                            "error_class": type(error).__name__})
+        metrics.dead_letter(message.topic, stage)
         await dlq[message.topic].send(key=message.key, value=message.value, headers=dead_letter_headers(
             message.topic, message.partition, message.offset, error, stage))
 
@@ -153,8 +164,10 @@ def create_app(settings: Settings) -> Runtime:
             try:
                 record = accept(event.message, belongs)
             except ContractError as error:
+                metrics.event(event.message, "dead_lettered")
                 await dead_letter(event.message, error, "decode")
                 continue
+            metrics.event(event.message, "ok", record.TYPE)
             out.append((record, event.message))
         return out
 
@@ -163,7 +176,7 @@ def create_app(settings: Settings) -> Runtime:
         async for batch in stream.take_events(settings.projector_batch, within=settings.projector_within):
             records = await admitted(batch)
             async with runtime.projection_lock:
-                await apply_or_dead_letter(projector.apply, records, dead_letter)
+                await apply_or_dead_letter(metrics.timed_apply(projector.apply, "episode"), records, dead_letter)
 
     @app.agent(reflections, name="reflection-projector")
     async def project_reflections(stream):
@@ -171,7 +184,8 @@ def create_app(settings: Settings) -> Runtime:
             # Invalidations and audit events are valid here; only these change the view yet.
             records = [(r, m) for r, m in await admitted(batch) if isinstance(r, REFLECTION_TYPES)]
             async with runtime.projection_lock:
-                await apply_or_dead_letter(reflection_projector.apply, records, dead_letter)
+                await apply_or_dead_letter(metrics.timed_apply(reflection_projector.apply, "reflection"), records,
+                                           dead_letter)
 
     @app.agent(raw_topic(settings.topic_episodes, settings.topic_reflections), name="accumulator")
     async def accumulate(stream):
@@ -225,11 +239,12 @@ def create_app(settings: Settings) -> Runtime:
             for made in out:
                 topic = requests if isinstance(made, ReflectionRequested) else reflections
                 await topic.send(key=made.user_id.encode(), value=made.encode())
+            metrics.invalidations(out)
             # As Table.__setitem__ would, but to the partition of this user's event.
             provenance.data[record.user_id] = state
             provenance.send_changelog(message.partition, record.user_id, state)
         except Exception as error:  # a crashed agent would skip the retraction silently
-            log.exception("invalidation after %s failed", record.event_id)
+            log.exception("invalidation after %s failed", record.event_id, extra={"event_id": record.event_id})
             await dead_letter(message, error, "invalidate")
 
     async def visible(events, timeout: float = 10.0) -> None:
@@ -267,7 +282,8 @@ def create_app(settings: Settings) -> Runtime:
         refs = window_refs(request, Accumulator.from_dict(accumulators[user]).recent)
         await visible([{"kind": kind, "id": rid, "user_id": user} for kind, rid in refs])
         window = window_records(view, user, refs)
-        made = await asyncio.to_thread(run_cycle, request, window, view, embedder, reasoner, cycle_config)
+        made = await asyncio.to_thread(metrics.traced_cycle(run_cycle), request, window, view, embedder, reasoner,
+                                       cycle_config)
         completed = made[-1]
         runtime.breaker.record(completed.outcome == "unavailable", clock())
         for key, s in zip(keys, spent):
@@ -284,11 +300,15 @@ def create_app(settings: Settings) -> Runtime:
                     for out in made:
                         await reflections.send(key=out.user_id.encode(), value=out.encode())
                     runtime.tally.add(made[-1])
+                    metrics.cycle(made[-1])
                     if made[-1].outcome in ("failed", "unavailable", "refused"):
-                        log.warning("cycle %s %s: %s", request.cycle_id, made[-1].outcome, made[-1].error)
+                        log.warning("cycle %s %s: %s", request.cycle_id, made[-1].outcome, made[-1].error,
+                                    extra={"cycle_id": request.cycle_id, "event_id": request.event_id,
+                                           "outcome": made[-1].outcome})
                     await visible(made)
                 except Exception as error:  # a crashed agent would skip the request silently
-                    log.exception("cycle %s failed outside the reasoner", request.cycle_id)
+                    log.exception("cycle %s failed outside the reasoner", request.cycle_id,
+                                  extra={"cycle_id": request.cycle_id, "event_id": request.event_id})
                     await dead_letter(message, error, "reflect")
                 finally:
                     runtime.running.pop(request.user_id, None)

@@ -163,11 +163,11 @@ def _with_broker_errors(settings: Settings, coro) -> int:
         return 1
 
 
-async def _topics_create(settings: Settings) -> int:
+async def _topics_create(settings: Settings, say=print) -> int:
     from streams.topics import ensure_topics
 
     for name, outcome in (await ensure_topics(settings)).items():
-        print(f"{name}\t{outcome}\tpartitions={settings.partitions}")
+        say(f"{name}\t{outcome}\tpartitions={settings.partitions}")
     return 0
 
 
@@ -224,14 +224,20 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _worker(settings: Settings) -> int:
+    import logging
+
     import faust
 
     from streams.app import create_app
+    from streams.logs import configure, worker_options
 
-    if _with_broker_errors(settings, _topics_create(settings)) != 0:
+    configure(settings)  # until the worker applies the same configuration itself
+    # JSON logs: the topic lines are log lines too, not bare text between them.
+    say = print if settings.log_format == "text" else logging.getLogger("reflect").info
+    if _with_broker_errors(settings, _topics_create(settings, say)) != 0:
         return 1
     runtime = create_app(settings)
-    worker = faust.Worker(runtime.app, loglevel="info")
+    worker = faust.Worker(runtime.app, **worker_options(settings))
     worker.execute_from_commandline()
     return 0
 

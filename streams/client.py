@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -22,9 +23,16 @@ def render(node: dict[str, Any], indent: str = "") -> list[str]:
     return lines
 
 
+def auth_headers(env=os.environ) -> dict[str, str]:
+    """The bearer token of an API started with REFLECT_API_TOKEN, from the same variable."""
+    token = env.get("REFLECT_API_TOKEN", "").strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _call(api: str, path: str, method: str = "GET") -> dict[str, Any]:
     """The API's JSON answer; a clear error for a refusal or no API at all."""
-    request = urllib.request.Request(api.rstrip("/") + path, data=b"" if method == "POST" else None, method=method)
+    request = urllib.request.Request(api.rstrip("/") + path, data=b"" if method == "POST" else None, method=method,
+                                     headers=auth_headers())
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return json.loads(answer.read())

@@ -29,7 +29,9 @@ import orjson
 
 from processors.accumulator import Accumulator, Trigger, admit
 from schemas import ContractError, ReflectionCreated, ReflectionCycleCompleted, decode
+from streams.client import auth_headers
 from streams.sample import History, history
+from streams.security import client_options
 from streams.settings import Settings
 
 TIMEOUT = 170.0  # seconds; the issue's bound for the whole demo is 3 minutes
@@ -81,7 +83,8 @@ class Progress:
 
 
 def _get(port: int, path: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as answer:
         return orjson.loads(answer.read())
 
 
@@ -102,7 +105,7 @@ async def _follow(settings: Settings, seen: Followed) -> None:
     """Collect cycle and belief events from the reflections topic."""
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(settings.topic_reflections, bootstrap_servers=settings.bootstrap,
+    consumer = AIOKafkaConsumer(settings.topic_reflections, **client_options(settings),
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     try:

@@ -12,6 +12,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from schemas import ContractError, EpisodeRecorded, EpisodeRetracted, Event, now
+from streams.security import client_options
 from streams.settings import Settings
 
 
@@ -46,7 +47,7 @@ class Publisher:
         self.settings = settings
         # Not idempotent: aiokafka's idempotent producer fails on Tansu
         # (InitProducerId); duplicates are absorbed by idempotent consumers.
-        self._producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all",
+        self._producer = AIOKafkaProducer(**client_options(settings), acks="all",
                                           linger_ms=5, request_timeout_ms=15000)
 
     async def __aenter__(self) -> "Publisher":

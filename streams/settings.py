@@ -88,6 +88,51 @@ def _prices(raw: str) -> tuple[float, ...] | None:
     return prices
 
 
+class Secret(str):
+    """A setting's secret value: itself wherever a str is used (clients, a child's
+    environment), masked wherever it is shown (`reflect settings`, a logged
+    Settings), so a password never reaches a terminal or a log by accident."""
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+def _secret(raw: str) -> Secret | None:
+    return Secret(raw) if raw else None
+
+
+def _optional(raw: str) -> str | None:
+    return raw or None
+
+
+def _api_token(raw: str) -> Secret | None:
+    # RFC 6750 b64token characters, so it fits an Authorization header as is;
+    # 16 characters at least: a guessable token protects nothing.
+    if raw == "":
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9._~+/-]{16,4096}=*", raw):
+        raise ValueError("expected 16–4096 of [A-Za-z0-9._~+/-] (e.g. `openssl rand -hex 32`)")
+    return Secret(raw)
+
+
+def _file(raw: str) -> str | None:
+    if raw == "":
+        return None
+    if not Path(raw).is_file():
+        raise ValueError("no such file")
+    return raw
+
+
+def _host(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]{1,255}", raw):
+        raise ValueError("expected a host name or IP address, e.g. 127.0.0.1 or 0.0.0.0")
+    return raw
+
+
+def _level(raw: str) -> str:
+    return _choice("debug", "info", "warning", "error", "critical")(raw.lower())
+
+
 def _optional_url(raw: str) -> str | None:
     if raw == "":
         return None
@@ -109,6 +154,9 @@ class Spec:
         return "--" + self.name.replace("_", "-")
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
 SPECS: tuple[Spec, ...] = (
     Spec("broker", "REFLECT_BROKER", "kafka://127.0.0.1:9092", _broker,
          "Kafka bootstrap servers (kafka://host:port[,host:port])."),
@@ -118,6 +166,25 @@ SPECS: tuple[Spec, ...] = (
          "Partitions of every Reflect topic (all keyed by user_id)."),
     Spec("replication_factor", "REFLECT_REPLICATION_FACTOR", "1", _positive_int,
          "Replication factor used when creating topics."),
+    Spec("broker_security_protocol", "REFLECT_BROKER_SECURITY_PROTOCOL", "PLAINTEXT",
+         _choice(*SECURITY_PROTOCOLS),
+         "How every Kafka client of Reflect talks to the broker: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
+    Spec("broker_sasl_mechanism", "REFLECT_BROKER_SASL_MECHANISM", "PLAIN", _choice(*SASL_MECHANISMS),
+         "SASL mechanism with SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."),
+    Spec("broker_sasl_username", "REFLECT_BROKER_SASL_USERNAME", "", _optional,
+         "SASL user name (required with SASL_*)."),
+    Spec("broker_sasl_password", "REFLECT_BROKER_SASL_PASSWORD", "", _secret,
+         "SASL password (required with SASL_*; never printed)."),
+    Spec("broker_ssl_cafile", "REFLECT_BROKER_SSL_CAFILE", "", _file,
+         "CA bundle that signs the broker's certificate with SSL / SASL_SSL (empty: the system's CAs)."),
+    Spec("broker_ssl_certfile", "REFLECT_BROKER_SSL_CERTFILE", "", _file,
+         "Client certificate (PEM) for mutual TLS with SSL / SASL_SSL."),
+    Spec("broker_ssl_keyfile", "REFLECT_BROKER_SSL_KEYFILE", "", _file,
+         "Private key of broker_ssl_certfile, if it is not in that file."),
+    Spec("processing_guarantee", "REFLECT_PROCESSING_GUARANTEE", "at_least_once",
+         _choice("at_least_once", "exactly_once"),
+         "Faust's processing guarantee. exactly_once needs Apache Kafka (transactions): it fails on the "
+         "embedded Tansu (InitProducerId)."),
     Spec("topic_episodes", "REFLECT_TOPIC_EPISODES", "episodes", _topic,
          "Topic of EpisodeRecorded / EpisodeRetracted."),
     Spec("topic_requests", "REFLECT_TOPIC_REQUESTS", "reflection-requests", _topic,
@@ -128,6 +195,8 @@ SPECS: tuple[Spec, ...] = (
          "Directory of the embedded view (Qdrant Edge shards) and local state."),
     Spec("qdrant_url", "REFLECT_QDRANT_URL", "", _optional_url,
          "Qdrant server URL; empty means the embedded Qdrant Edge view in data_dir."),
+    Spec("qdrant_api_key", "REFLECT_QDRANT_API_KEY", "", _secret,
+         "API key of the Qdrant server (empty: QDRANT_API_KEY, else none)."),
     Spec("view", "REFLECT_VIEW", "reflect", _topic,
          "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
     Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm"),
@@ -140,8 +209,21 @@ SPECS: tuple[Spec, ...] = (
          "Consumer group session timeout in seconds (short: Tansu holds joins for half of it)."),
     Spec("fetch_wait", "REFLECT_FETCH_WAIT", "0.05", _positive_float,
          "Seconds a worker's fetch may wait for records (Faust's 1.5 s costs ~0.6 s a hop on Tansu)."),
+    Spec("web_host", "REFLECT_WEB_HOST", "127.0.0.1", _host,
+         "Interface the worker's HTTP API listens on (0.0.0.0 in a container)."),
     Spec("web_port", "REFLECT_WEB_PORT", "6066", _positive_int,
          "Port of the worker's HTTP API."),
+    Spec("api_token", "REFLECT_API_TOKEN", "", _api_token,
+         "Bearer token every API route but /healthz requires, /metrics included (empty: no token)."),
+    Spec("max_request_bytes", "REFLECT_MAX_REQUEST_BYTES", "1048576", _positive_int,
+         "Largest request body the API reads; a larger one is answered 413."),
+    Spec("log_format", "REFLECT_LOG_FORMAT", "text", _choice("text", "json"),
+         "text: Faust's console lines; json: one JSON object per line (time, level, logger, message, context)."),
+    Spec("log_level", "REFLECT_LOG_LEVEL", "info", _level,
+         "debug, info, warning, error or critical."),
+    Spec("tracing", "REFLECT_TRACING", "off", _choice("off", "on"),
+         "on: OpenTelemetry spans around cycles and projector batches (needs opentelemetry-api and an SDK "
+         "to export them)."),
     Spec("reasoner", "REFLECT_REASONER", "offline", _choice("offline", "anthropic"),
          "Reasoner of the reflection loop (anthropic needs ANTHROPIC_API_KEY; ANTHROPIC_BASE_URL is honoured)."),
     Spec("anthropic_model", "REFLECT_ANTHROPIC_MODEL", "claude-haiku-4-5", _model,
@@ -183,24 +265,64 @@ SPECS: tuple[Spec, ...] = (
 )
 
 
+def _named(*names: str) -> str:
+    by_name = {spec.name: spec for spec in SPECS}
+    return ", ".join(f"{n} ({by_name[n].env} / {by_name[n].flag})" for n in names)
+
+
+def _broker_security_problem(values: Mapping[str, Any]) -> str | None:
+    """What is inconsistent between the broker security settings, if anything:
+    credentials the protocol would silently not use are as wrong as missing ones."""
+    protocol = values["broker_security_protocol"]
+    sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
+    credentials = ("broker_sasl_username", "broker_sasl_password")
+    files = ("broker_ssl_cafile", "broker_ssl_certfile", "broker_ssl_keyfile")
+    if sasl and not all(values[n] for n in credentials):
+        return f"invalid settings: broker_security_protocol={protocol} needs {_named(*credentials)}"
+    if not sasl and any(values[n] for n in credentials):
+        return (f"invalid settings: {_named(*credentials)} are used only with SASL_PLAINTEXT or SASL_SSL, "
+                f"but broker_security_protocol={protocol}")
+    if not tls and any(values[n] for n in files):
+        return (f"invalid settings: {_named(*files)} are used only with SSL or SASL_SSL, "
+                f"but broker_security_protocol={protocol}")
+    if values["broker_ssl_keyfile"] and not values["broker_ssl_certfile"]:
+        return f"invalid settings: {_named('broker_ssl_keyfile')} needs {_named('broker_ssl_certfile')}"
+    return None
+
+
 @dataclass(frozen=True)
 class Settings:
     broker: str
     app_id: str
     partitions: int
     replication_factor: int
+    broker_security_protocol: str
+    broker_sasl_mechanism: str
+    broker_sasl_username: str | None
+    broker_sasl_password: Secret | None
+    broker_ssl_cafile: str | None
+    broker_ssl_certfile: str | None
+    broker_ssl_keyfile: str | None
+    processing_guarantee: str
     topic_episodes: str
     topic_requests: str
     topic_reflections: str
     data_dir: str
     qdrant_url: str | None
+    qdrant_api_key: Secret | None
     view: str
     embedder: str
     projector_batch: int
     projector_within: float
     session_timeout: float
     fetch_wait: float
+    web_host: str
     web_port: int
+    api_token: Secret | None
+    max_request_bytes: int
+    log_format: str
+    log_level: str
+    tracing: str
     reasoner: str
     anthropic_model: str
     reasoner_timeout: float
@@ -233,9 +355,13 @@ class Settings:
                 values[spec.name] = spec.parse(raw.strip())
             except ValueError as exc:
                 source = spec.flag if given is not None else spec.env
+                shown = "'***'" if spec.parse in (_secret, _api_token) else repr(raw)
                 raise SettingsError(
-                    f"invalid setting {spec.name} ({source}={raw!r}): {exc}"
+                    f"invalid setting {spec.name} ({source}={shown}): {exc}"
                 ) from None
+        problem = _broker_security_problem(values)
+        if problem:
+            raise SettingsError(problem)
         return cls(**values)
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

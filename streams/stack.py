@@ -17,6 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from streams import logs
 from streams.settings import SPECS, Settings
 
 API_ROUTES = (
@@ -80,7 +81,10 @@ def up(args: argparse.Namespace) -> int:
                   f"  reasoner {settings.reasoner}, embedder {settings.embedder}\n  routes   "
                   + "\n           ".join(API_ROUTES) + "\nCtrl-C or SIGTERM stops it.", flush=True)
 
-        worker = faust.Worker(app, loglevel="warning", quiet=True, redirect_stdouts=False)
+        # Quiet by default (the announcement above is the interface); JSON logs when asked.
+        options = logs.worker_options(settings) if settings.log_format == "json" else \
+            {"loglevel": "warning", "quiet": True}
+        worker = faust.Worker(app, redirect_stdouts=False, **options)
         worker.spinner = None  # its terminal codes would garble the announcement
         worker.execute_from_commandline()
     return 0

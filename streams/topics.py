@@ -7,6 +7,7 @@ from __future__ import annotations
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from streams.security import client_options
 from streams.settings import Settings
 
 
@@ -20,7 +21,7 @@ async def ensure_topics(settings: Settings) -> dict[str, str]:
     Idempotent. An existing topic with a different partition count is an error:
     keys would hash to other partitions than the tables are co-partitioned with.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=10000)
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=10000)
     await admin.start()
     try:
         existing = await _partition_counts(admin)

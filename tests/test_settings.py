@@ -34,3 +34,149 @@ def test_environment_then_flags():
 def test_a_wrong_value_fails_naming_the_setting(env, flag, named):
     with pytest.raises(SettingsError, match=named):
         Settings.load(env=env, **flag)
+
+
+# --- production settings: security, API, logs (issues 9.3–9.5) ---------------
+
+CAFILE = __import__("certifi").where()  # a real CA bundle: the SSL context loads it
+SASL = {"REFLECT_BROKER_SECURITY_PROTOCOL": "SASL_SSL", "REFLECT_BROKER_SASL_MECHANISM": "SCRAM-SHA-512",
+        "REFLECT_BROKER_SASL_USERNAME": "reflect", "REFLECT_BROKER_SASL_PASSWORD": "s3cret-pw",
+        "REFLECT_BROKER_SSL_CAFILE": CAFILE}
+
+
+def test_production_defaults_are_safe():
+    s = Settings.load(env={})
+    assert (s.web_host, s.api_token, s.max_request_bytes) == ("127.0.0.1", None, 1024 * 1024)
+    assert (s.broker_security_protocol, s.broker_sasl_username, s.broker_sasl_password) == ("PLAINTEXT", None, None)
+    assert (s.processing_guarantee, s.log_format, s.log_level, s.tracing) == ("at_least_once", "text", "info", "off")
+    assert Settings.load(env={"REFLECT_LOG_LEVEL": "WARNING"}).log_level == "warning"
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"REFLECT_BROKER_SECURITY_PROTOCOL": "TLS"}, "REFLECT_BROKER_SECURITY_PROTOCOL"),
+    ({"REFLECT_BROKER_SASL_MECHANISM": "GSSAPI"}, "REFLECT_BROKER_SASL_MECHANISM"),
+    ({"REFLECT_BROKER_SECURITY_PROTOCOL": "SSL", "REFLECT_BROKER_SSL_CAFILE": "/no/such/ca.pem"},
+     "REFLECT_BROKER_SSL_CAFILE"),
+    ({"REFLECT_PROCESSING_GUARANTEE": "exactly-once"}, "REFLECT_PROCESSING_GUARANTEE"),
+    ({"REFLECT_LOG_FORMAT": "xml"}, "REFLECT_LOG_FORMAT"),
+    ({"REFLECT_LOG_LEVEL": "loud"}, "REFLECT_LOG_LEVEL"),
+    ({"REFLECT_TRACING": "yes"}, "REFLECT_TRACING"),
+    ({"REFLECT_MAX_REQUEST_BYTES": "0"}, "REFLECT_MAX_REQUEST_BYTES"),
+    ({"REFLECT_API_TOKEN": "short"}, "REFLECT_API_TOKEN"),
+    ({"REFLECT_API_TOKEN": "has spaces in it, 32 characters"}, "REFLECT_API_TOKEN"),
+    ({"REFLECT_WEB_HOST": "every interface"}, "REFLECT_WEB_HOST"),
+])
+def test_a_wrong_production_value_fails_naming_the_setting(env, named):
+    with pytest.raises(SettingsError, match=named):
+        Settings.load(env=env)
+
+
+@pytest.mark.parametrize("env,named", [
+    # SASL without its credentials, or credentials/TLS files the protocol would silently ignore
+    ({**SASL, "REFLECT_BROKER_SASL_PASSWORD": ""}, "REFLECT_BROKER_SASL_PASSWORD"),
+    ({"REFLECT_BROKER_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "REFLECT_BROKER_SASL_USERNAME"),
+    ({"REFLECT_BROKER_SASL_USERNAME": "reflect", "REFLECT_BROKER_SASL_PASSWORD": "pw"}, "PLAINTEXT"),
+    ({"REFLECT_BROKER_SSL_CAFILE": CAFILE}, "REFLECT_BROKER_SSL_CAFILE"),
+    ({"REFLECT_BROKER_SECURITY_PROTOCOL": "SSL", "REFLECT_BROKER_SSL_KEYFILE": CAFILE}, "REFLECT_BROKER_SSL_CERTFILE"),
+])
+def test_inconsistent_broker_security_fails_naming_the_settings(env, named):
+    with pytest.raises(SettingsError, match=named):
+        Settings.load(env=env)
+
+
+def test_secrets_are_masked_wherever_settings_are_shown(monkeypatch, capsys):
+    from streams.cli import main
+
+    token = "tok-" + "z" * 28
+    env = {**SASL, "REFLECT_API_TOKEN": token, "REFLECT_QDRANT_API_KEY": "qdrant-key-1"}
+    s = Settings.load(env=env)
+    assert str(s.api_token) == token and s.broker_sasl_password == "s3cret-pw"  # usable as strings
+    assert all(secret not in repr(s) for secret in ("s3cret-pw", token, "qdrant-key-1"))
+    child = s.child_env(base={})
+    assert (child["REFLECT_API_TOKEN"], child["REFLECT_BROKER_SASL_PASSWORD"]) == (token, "s3cret-pw")
+    assert Settings.load(env=child) == s  # a child process resolves the same settings
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["settings"]) == 0
+    printed = capsys.readouterr().out
+    assert "REFLECT_API_TOKEN" in printed and token not in printed and "s3cret-pw" not in printed
+    with pytest.raises(SettingsError) as bad:
+        Settings.load(env={"REFLECT_API_TOKEN": "not a token but a secret"})
+    assert "not a token" not in str(bad.value)  # a mistyped secret is still a secret
+
+
+def test_one_builder_gives_aiokafka_and_faust_the_same_broker_security():
+    import ssl
+
+    import faust
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    from streams.app import faust_app
+    from streams.security import client_options, faust_credentials
+
+    s = Settings.load(env={**SASL, "REFLECT_BROKER": "kafka://b1:9093,b2:9093"})
+    options = client_options(s)
+    assert options["bootstrap_servers"] == "b1:9093,b2:9093"
+    assert {k: options[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
+                                    "sasl_plain_password")} == {
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "reflect",
+        "sasl_plain_password": "s3cret-pw"}
+    context = options["ssl_context"]
+    assert isinstance(context, ssl.SSLContext) and context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+    app = faust_app(s)
+    credentials = app.conf.broker_credentials
+    assert isinstance(credentials, faust.SASLCredentials) and credentials.protocol.value == "SASL_SSL"
+    assert (credentials.mechanism.value, credentials.username, credentials.password) == (
+        "SCRAM-SHA-512", "reflect", "s3cret-pw")
+    # What Faust's driver hands its own aiokafka clients is what ours get.
+    faust_side = credentials_to_aiokafka_auth(credentials)
+    assert isinstance(faust_side.pop("ssl_context"), ssl.SSLContext)
+    assert faust_side == {k: v for k, v in options.items() if k not in ("bootstrap_servers", "ssl_context")}
+
+    async def construct():  # aiokafka checks protocol, mechanism and context when a client is made
+        AIOKafkaProducer(**options)
+        AIOKafkaConsumer(**options)
+    import asyncio
+    asyncio.run(construct())
+
+    ssl_only = Settings.load(env={"REFLECT_BROKER_SECURITY_PROTOCOL": "SSL", "REFLECT_BROKER_SSL_CAFILE": CAFILE})
+    assert isinstance(faust_credentials(ssl_only), faust.SSLCredentials)
+    assert set(client_options(ssl_only)) == {"bootstrap_servers", "security_protocol", "ssl_context"}
+    sasl_plain = Settings.load(env={"REFLECT_BROKER_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                                    "REFLECT_BROKER_SASL_USERNAME": "u", "REFLECT_BROKER_SASL_PASSWORD": "p"})
+    assert faust_credentials(sasl_plain).protocol.value == "SASL_PLAINTEXT" and "ssl_context" not in client_options(sasl_plain)
+    plain = Settings.load(env={})
+    assert faust_credentials(plain) is None
+    assert client_options(plain) == {"bootstrap_servers": "127.0.0.1:9092", "security_protocol": "PLAINTEXT"}
+
+
+def test_the_faust_app_takes_guarantee_web_host_and_body_limit_from_settings():
+    from streams.app import faust_app
+
+    s = Settings.load(env={"REFLECT_PROCESSING_GUARANTEE": "exactly_once", "REFLECT_WEB_HOST": "0.0.0.0",
+                           "REFLECT_MAX_REQUEST_BYTES": "4096"})
+    conf = faust_app(s).conf
+    assert conf.processing_guarantee.value == "exactly_once"
+    assert (conf.web_host, conf.web_bind) == ("0.0.0.0", "0.0.0.0")  # bind: what the server listens on
+    assert conf.web_application_options["client_max_size"] == 4096
+    assert faust_app(Settings.load(env={})).conf.web_bind == "127.0.0.1"
+
+
+def test_json_log_lines_carry_context_and_no_quoted_values():
+    import json
+    import logging
+
+    from schemas import ContractError
+    from streams.logs import JsonFormatter, redacted
+
+    record = logging.LogRecord("reflect", logging.WARNING, __file__, 1, "dead-lettered %s@%s", ("episodes", 7), None)
+    record.__dict__.update(topic="episodes", offset=7, stage="decode")
+    line = json.loads(JsonFormatter().format(record))
+    assert line["level"] == "warning" and line["logger"] == "reflect" and line["message"] == "dead-lettered episodes@7"
+    assert (line["topic"], line["offset"], line["stage"]) == ("episodes", 7, "decode")
+    assert line["time"].endswith("Z")
+    error = ContractError("text", "must be shorter than or equal to 16000 characters (got 'my private diary...)")
+    assert redacted(error) == "text: must be shorter than or equal to 16000 characters"
