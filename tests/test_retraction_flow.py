@@ -103,7 +103,9 @@ def test_retractions_walk_the_provenance_graph(stack):
 
     wait_for(lambda: explain(w, "gil", "gil-top")["belief"]["status"] == "invalid", 30, "gil-top invalid in the view")
     assert [b["reflection_id"] for b in w.get("/v1/users/gil/beliefs")["beliefs"]] == []
-    wes = w.get("/v1/users/wes/beliefs")["beliefs"]
+    # wes sits on another partition than gil: wait for its own projection too.
+    wes = wait_for(lambda: (lambda b: b if [x["confidence"] for x in b] != [0.6] else None)(
+        w.get("/v1/users/wes/beliefs")["beliefs"]), 30, "wes-3 weakened in the view")
     assert [(b["reflection_id"], b["confidence"]) for b in wes] == [("wes-3", 0.4)]  # still served, weaker
     tree = explain(w, "gil", "gil-top")["provenance"]
     assert [(c["id"], c["status"]) for c in tree["evidence"]] == [("gil-b1", "invalid"), ("gil-b2", "invalid")]
