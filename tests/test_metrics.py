@@ -207,7 +207,10 @@ def test_metrics_count_what_the_worker_did(settings, worker):
             created = value(samples, "reflect_events_total", topic=s.topic_reflections, type="ReflectionCreated",
                             outcome="ok")
             beliefs = w.get("/v1/users/ann/beliefs")["beliefs"]
-            return created and len(beliefs) == created and (samples, beliefs)
+            # The cycle's audit event follows its beliefs on the topic: wait for it too.
+            completed = value(samples, "reflect_events_total", topic=s.topic_reflections,
+                              type="ReflectionCycleCompleted", outcome="ok")
+            return created and completed and len(beliefs) == created and (samples, beliefs)
         samples, beliefs = wait_for(created_and_projected, 30, "every belief created projected")
 
         content_type, text = scrape(port)
