@@ -37,13 +37,23 @@ class CycleConfig:
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
 
 
-def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int, at: str) -> list[list[Candidate]]:
+def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int, at: str,
+                cycle_id: str) -> list[list[Candidate]]:
     """Per question vector: episodes and live beliefs of this user near it that
     occurred by the cycle's time `at`; a belief already at max_depth is left
     out, as nothing citing it could be kept. One batched search per kind: the
-    cost of a cycle is its scans of the user's store."""
+    cost of a cycle is its scans of the user's store.
+
+    Beliefs of this very cycle are left out too: they occur at `at`, so a
+    redelivered request (at-least-once: a worker killed after publishing,
+    before committing) would otherwise cite its own first run's beliefs and
+    add depth-2 beliefs that a run without the crash never makes. The search
+    asks for as many more as the view holds of them, so what is left is the
+    same top k the first run saw."""
+    own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
     episodes = view.search_many(user_id, vectors, k, before=at, kind="episode", status="recorded")
-    beliefs = view.search_many(user_id, vectors, k, before=at, kind="reflection", status="live")
+    beliefs = view.search_many(user_id, vectors, k + own, before=at, kind="reflection", status="live")
+    beliefs = [[h for h in b if h.payload.get("cycle_id") != cycle_id][:k] for b in beliefs]
     return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
                        float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
              for h in e + b for p in [h.payload]
@@ -92,7 +102,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         questions, used = reasoner.questions([r["text"] for r in window], config.questions,
                                              importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
-        found = _candidates(view, user, embedder.embed(questions), config.top_k * 4, config.max_depth, at) \
+        found = _candidates(view, user, embedder.embed(questions), config.top_k * 4, config.max_depth, at, cycle) \
             if questions else []
         asked = [(q, rerank(c, cycle_time, config.top_k, config.weights)) for q, c in zip(questions, found)]
         answers, used = _insights(reasoner, asked, config.insights)

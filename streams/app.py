@@ -75,8 +75,37 @@ def _patch_fetch_wait() -> None:
     AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer
 
 
+def _patch_flow_control_resume() -> None:
+    """Resume flow control only when it is suspended (a resume of an active
+    flow is a no-op).
+
+    mode's FlowControlEvent.resume() also clears every channel queue, and
+    Faust 0.15.3's recovery resumes twice: before reading the changelogs and
+    again when they are read — after the stream partitions were resumed and
+    their records fetched. The second resume dropped those records from the
+    agents' queues while the consumer's position was already past them: a
+    worker restarted with a backlog (after a SIGKILL) ran one cycle and then
+    sat idle, with requests and episodes never processed until the next
+    restart (tests/test_faults_crash.py). Resuming a suspended flow still
+    clears what was queued before the rebalance.
+    """
+    from mode.utils.queues import FlowControlEvent
+
+    resume = FlowControlEvent.resume
+    if getattr(resume, "patched", False):
+        return
+
+    def resume_if_suspended(self) -> None:
+        if not self.is_active():
+            resume(self)
+
+    resume_if_suspended.patched = True
+    FlowControlEvent.resume = resume_if_suspended
+
+
 def faust_app(settings: Settings) -> faust.App:
     _patch_fetch_wait()
+    _patch_flow_control_resume()
     app = faust.App(
         settings.app_id,
         broker=settings.broker,

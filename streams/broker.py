@@ -166,10 +166,13 @@ class EmbeddedBroker:
             self._tmp = None
 
     def pause(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
+        """SIGSTOP the broker's process group (a broker that stops answering,
+        connections open). The group, as in stop(): noida-db's server is the
+        launcher's child, and stopping the launcher alone left it answering."""
+        _signal_group(self.process.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
+        _signal_group(self.process.pid, signal.SIGCONT)
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()

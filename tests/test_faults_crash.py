@@ -1,0 +1,777 @@
+"""Crash faults: a `reflect worker` SIGKILLed mid-stream, then restarted with the
+same settings (app id, topics, data dir), ends with the view, the accumulators
+and the beliefs of a run that never crashed.
+
+Kill points: during projection (some episodes visible), during a reflection
+cycle (the Messages API server holds the model call, so a cycle is known to be
+in flight), and between the model's answer and the publish (the server pauses
+the broker before it answers, so the worker has the answer and cannot get its
+events acknowledged). The reasoner is `--reasoner anthropic` against
+tests/messages_api.py's OfflineModel, which answers from the request alone, so
+a cycle that runs twice asks and answers the same.
+
+The same file holds the two-worker cases (issue 9: two workers of one consumer
+group split the partitions; one of them SIGKILLed, the other takes over) and
+the helpers the outage and soak tests share.
+
+    python -m pytest tests/test_faults_crash.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from conftest import TEST_BROKER, Worker, wait_for
+from messages_api import MessagesServer, OfflineModel
+from processors.embedders import HashingEmbedder
+from processors.projector import EpisodeProjector, ReflectionProjector
+from processors.reasoners import OfflineReasoner
+from processors.reflector import CycleConfig, run_cycle, window_records
+from processors.view import EdgeView
+from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
+from streams.broker import BROKER_KINDS, EmbeddedBroker, free_port
+from streams.producer import Publisher
+from streams.settings import Settings
+from streams.topics import ensure_topics
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+# ---------------------------------------------------------------- shared helpers
+
+# Statement texts share terms, so the offline model finds themes citing ≥ 2 of
+# them. "[u12]" names the user in every statement without becoming a term
+# (terms have ≥ 4 characters), so the model server can tell whose cycle it is.
+TEXTS = ("[{u}] revert of PR {n}: the auth middleware broke login",
+         "[{u}] revert of PR {n}: auth token refresh failed in staging",
+         "[{u}] logs first, then retry the deploy job {n}",
+         "[{u}] the retry of deploy job {n} waited for logs",
+         "[{u}] a failing test came before the fix of bug {n}",
+         "[{u}] lunch today was pasta number {n}")
+IMPORTANCE = (0.6, 0.7, 0.8, 0.9, 0.5)  # 3.5 per five episodes
+USER_TAG = re.compile(r"\[(u\d+)\]")
+
+
+def users_by_partition(per_partition: int, partitions: int) -> list[str]:
+    """`per_partition` user names on each partition (keys hash as the producers' do)."""
+    partitioner, picked = DefaultPartitioner(), collections.defaultdict(list)
+    for i in range(10_000):
+        name = f"u{i}"
+        p = partitioner(name.encode(), list(range(partitions)), list(range(partitions)))
+        if len(picked[p]) < per_partition:
+            picked[p].append(name)
+        if all(len(picked[q]) == per_partition for q in range(partitions)):
+            return [u for q in range(partitions) for u in picked[q]]
+    raise AssertionError("not enough user names")
+
+
+def partition_of(user: str, partitions: int) -> int:
+    return DefaultPartitioner()(user.encode(), list(range(partitions)), list(range(partitions)))
+
+
+def episode_stream(users, per_user: int, start: int = 0) -> list[EpisodeRecorded]:
+    """Deterministic episodes, user by user interleaved; valid times one minute apart."""
+    return [EpisodeRecorded(user_id=u, episode_id=f"{u}-{i}", text=TEXTS[i % len(TEXTS)].format(u=u, n=i),
+                            importance=IMPORTANCE[i % len(IMPORTANCE)],
+                            occurred_at=f"2026-06-01T{9 + i // 60:02d}:{i % 60:02d}:00Z")
+            for i in range(start, start + per_user) for u in users]
+
+
+def make_settings(broker_url: str, data_dir: Path, **overrides) -> Settings:
+    tag = uuid.uuid4().hex[:8]
+    values = dict(env={}, broker=broker_url, app_id=f"reflect-fault-{tag}", topic_episodes=f"episodes-{tag}",
+                  topic_requests=f"reflection-requests-{tag}", topic_reflections=f"reflections-{tag}",
+                  data_dir=str(data_dir), web_port=free_port())
+    return Settings.load(**{**values, **overrides})
+
+
+class Workers:
+    """Workers a test starts, each stopped at the end whatever happened (a
+    worker whose start timed out is still a running process)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.started = tmp, []
+
+    def start(self, settings: Settings, env: dict[str, str] | None = None, name: str | None = None) -> Worker:
+        worker = Worker(settings, self.tmp / f"{name or f'worker-{len(self.started)}'}.log", env)
+        self.started.append(worker)
+        return worker.start()
+
+    def stop_all(self) -> None:
+        for worker in self.started:
+            if worker.process is not None:
+                worker.stop()
+
+
+def kill(worker: Worker) -> None:
+    """SIGKILL by pid, reaped within a bound."""
+    worker.process.kill()
+    worker.process.wait(10)
+    worker.log.close()
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def open_client_sockets(port: int) -> int:
+    """Client-side TCP sockets to 127.0.0.1:`port` still open (established, or
+    the peer closed and this side has not yet read to the end and closed)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        columns = line.split()
+        if int(columns[2].split(":")[1], 16) == port and columns[3] in ("01", "08"):
+            count += 1
+    return count
+
+
+async def _read_topic(settings: Settings, topic: str) -> list:
+    """Every record of `topic`, read to the fetch high watermark (Tansu's
+    ListOffsets is wrong for multi-record batches; the fetch's is right)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        out, deadline = [], time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                out.extend(records)
+            marks = [consumer.highwater(tp) for tp in tps]
+            if None not in marks and all([await consumer.position(tp) >= m for tp, m in zip(tps, marks)]):
+                return out
+        raise AssertionError(f"could not read {topic} to its end in 30 s")
+    finally:
+        await consumer.stop()
+
+
+def read_topics(run, snapshot, settings, started: float):
+    """Finish a run's record: the view it left and the three topics, as read afterwards."""
+    run.snapshot = snapshot
+    run.reflections = read_events(settings, settings.topic_reflections)
+    run.requests = read_events(settings, settings.topic_requests)
+    run.episodes_topic = read_events(settings, settings.topic_episodes)
+    run.seconds = time.monotonic() - started
+    return run
+
+
+def read_events(settings: Settings, topic: str) -> list[dict]:
+    return [orjson.loads(r.value) for r in asyncio.run(_read_topic(settings, topic))]
+
+
+class Feed:
+    """Publishes episodes in order at a steady rate (None: at once) from its own
+    thread (its own event loop and producer); remembers which the broker
+    acknowledged."""
+
+    def __init__(self, settings: Settings, episodes, rate: float | None) -> None:
+        self.settings, self.episodes, self.rate = settings, list(episodes), rate
+        self.acked: list[EpisodeRecorded] = []
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self) -> "Feed":
+        self.thread.start()
+        return self
+
+    async def _run(self) -> None:
+        async with Publisher(self.settings) as publisher:
+            if self.rate is None:  # as fast as the producer goes: batched, acknowledged at the flush
+                for episode in self.episodes:
+                    await publisher.publish(episode, wait=False)
+                await publisher.flush()
+                self.acked.extend(self.episodes)
+                return
+            started = time.monotonic()
+            for n, episode in enumerate(self.episodes):
+                await asyncio.sleep(max(0.0, started + n / self.rate - time.monotonic()))  # pacing, not a sync
+                try:
+                    await publisher.publish(episode)
+                    self.acked.append(episode)
+                except Exception as exc:  # reported by the test
+                    self.errors.append(f"{episode.episode_id}: {exc!r}")
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the feed did not finish"
+        assert not self.errors, self.errors[:5]
+
+
+class Model:
+    """The Messages API server answering as the offline model, recording each
+    request (tool, user) and what it answered; `hold` blocks the first request
+    it matches until released; `before_answer` runs just before an answer."""
+
+    def __init__(self) -> None:
+        self.offline, self.lock = OfflineModel(), threading.Lock()
+        self.asked: list[tuple[str, str]] = []
+        self.answered: list[tuple[str, str]] = []
+        self.hold = None  # a tool name: the first such request blocks
+        self.held, self.release = threading.Event(), threading.Event()
+        self.before_answer = None  # (tool name, fn): fn runs once before the first such answer
+        self.server = MessagesServer(self)
+        self.url, self.port = self.server.url, self.server.httpd.server_address[1]
+
+    def __call__(self, body: dict):
+        tool = body["tool_choice"]["name"]
+        found = USER_TAG.search(body["messages"][0]["content"])
+        key = (tool, found.group(1) if found else "?")
+        with self.lock:
+            self.asked.append(key)
+            hold = self.hold == tool and not self.held.is_set()
+            if hold:
+                self.held.set()
+            hook, self.before_answer = (self.before_answer, None) if self.before_answer and \
+                self.before_answer[0] == tool else (None, self.before_answer)
+        if hold:
+            self.release.wait(60)
+        answer = self.offline(body)
+        if hook:
+            hook[1]()
+        with self.lock:
+            self.answered.append(key)
+        return answer
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.close()
+
+
+def worker_env(model: Model) -> dict[str, str]:
+    return {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": model.url}
+
+
+def visible_episodes(worker: Worker, users) -> int:
+    return sum(worker.stats(u).get("episodes", 0) for u in users)
+
+
+def unsettled(worker: Worker, users, per_user: int, cycles: int) -> dict:
+    """What is not there yet: users whose episodes are not all visible, or whose
+    cycles are not all asked for, done and in the view ({} when settled)."""
+    missing = {}
+    for u in users:
+        stats = worker.stats(u)
+        fresh = (worker.get(f"/v1/users/{u}/beliefs?limit=1") or {}).get("freshness", {})
+        if stats.get("episodes") != per_user or stats.get("cycles") != cycles or not fresh.get("fresh"):
+            missing[u] = {"episodes": stats.get("episodes"), "cycles": stats.get("cycles"),
+                          "cycles_behind": fresh.get("cycles_behind")}
+    return missing
+
+
+def wait_settled(worker: Worker, users, per_user: int, cycles: int, timeout: float, what: str) -> None:
+    last = {}
+
+    def done() -> bool:
+        last["missing"] = unsettled(worker, users, per_user, cycles)
+        return not last["missing"]
+    try:
+        wait_for(done, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; not settled: {last.get('missing')}; worker log: {worker.tail(15)}") from None
+
+
+TRANSACTION_TIME = ("recorded_at", "created_at", "history", "reinforced_at", "weakened_at", "expired_at")
+
+
+def view_snapshot(settings: Settings, users) -> dict[str, dict[str, dict]]:
+    """{user: {point id: payload}} of a stopped worker's view, read from its data
+    dir, without transaction times (when a run happened, not what it decided)."""
+    view = EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim)
+    try:
+        return {u: {pid: {k: v for k, v in p.items() if k not in TRANSACTION_TIME}
+                    for pid, p in view.scroll(u)} for u in users}
+    finally:
+        view.close()
+
+
+def episodes_of(snapshot: dict) -> dict[str, dict]:
+    return {u: {p["episode_id"]: p for p in points.values() if p["kind"] == "episode"}
+            for u, points in snapshot.items()}
+
+
+def beliefs_of(snapshot: dict) -> dict[str, dict]:
+    return {u: {p["reflection_id"]: p for p in points.values() if p["kind"] == "reflection"}
+            for u, points in snapshot.items()}
+
+
+def topic_duplicates(events: list[dict]) -> int:
+    """Records beyond the first of each event id: at-least-once redeliveries."""
+    return len(events) - len({e["event_id"] for e in events})
+
+
+def assert_no_duplicate_beliefs(reflections: list[dict], snapshot: dict) -> dict:
+    """No belief twice under two ids: on the topic, one reflection id per
+    (user, cycle, text); in the view, one point per (user, cycle, text).
+    Redelivered records are allowed only with the same ids."""
+    created = [e for e in reflections if e["type"] == "ReflectionCreated"]
+    ids_by_belief = collections.defaultdict(set)
+    for e in created:
+        ids_by_belief[(e["user_id"], e["cycle_id"], e["text"])].add(e["reflection_id"])
+    twice = {k: v for k, v in ids_by_belief.items() if len(v) > 1}
+    assert not twice, f"one belief published under several ids: {twice}"
+    in_view = collections.Counter((p["user_id"], p["cycle_id"], p["text"])
+                                  for beliefs in beliefs_of(snapshot).values() for p in beliefs.values())
+    assert all(n == 1 for n in in_view.values()), [k for k, n in in_view.items() if n > 1]
+    by_id = collections.Counter(e["reflection_id"] for e in created)
+    return {"created_records": len(created), "created_distinct": len(by_id),
+            "reflections_topic_duplicates": topic_duplicates(reflections)}
+
+
+# ---------------------------------------------------------------- the crash scenario
+
+PER_USER = 40
+# 3.5 importance per five episodes: the 22nd episode of a user reaches 15.3 and
+# fires its one cycle; the 18 after it sum to 12.6 and fire none. One cycle a
+# user, on purpose: a cycle's window also holds the beliefs the accumulator
+# has read from the reflections topic by then, and where a belief lands among
+# the episodes of another topic depends on timing — after a restart, the
+# accumulator may race through the backlog before a re-run cycle republishes.
+# A second cycle per user would make the comparison with the no-crash run
+# depend on that race, not on Reflect's correctness.
+THRESHOLD, MIN_EPISODES, CYCLES_PER_USER = 15.0, 10, 1
+RATE = 120.0  # episodes/s published: the stream outlasts the kill and the restart
+
+
+@dataclass
+class Run:
+    name: str
+    settings: Settings
+    users: list[str]
+    snapshot: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    reflections: list = field(default_factory=list)
+    requests: list = field(default_factory=list)
+    episodes_topic: list = field(default_factory=list)
+    acked: int = 0
+    info: dict = field(default_factory=dict)
+    asked: list = field(default_factory=list)  # (tool, user) of every model request
+    answered: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def own_broker_for(request, tmp_path_factory, name: str):
+    """A broker of the caller's own (it gets paused); for a broker kind that
+    is not embedded (a container), the session's, which pauses as well."""
+    if TEST_BROKER not in BROKER_KINDS:
+        yield request.getfixturevalue("broker")
+        return
+    log = tmp_path_factory.mktemp(name) / f"{TEST_BROKER}.log"
+    with EmbeddedBroker(kind=TEST_BROKER, log_path=str(log), ready_timeout=60) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def crash_broker(request, tmp_path_factory):
+    """This module's own broker: one case pauses it."""
+    yield from own_broker_for(request, tmp_path_factory, "crash-broker")
+
+
+def crash_settings(broker, tmp: Path) -> Settings:
+    # A short session: after a SIGKILL the group waits the session out before
+    # the restarted worker gets the partitions (Tansu also holds a join for
+    # half of it); 3 s keeps each restart to a few seconds.
+    return make_settings(broker.url, tmp / "data", threshold=THRESHOLD, min_episodes=MIN_EPISODES,
+                         reasoner="anthropic", reasoner_retries=0, session_timeout=3.0)
+
+
+def run_scenario(name: str, broker, tmp: Path, crash=None) -> Run:
+    """Publish the stream at RATE while one worker processes it; `crash(worker,
+    model, broker, feed)` kills it at its point and returns what it saw, then a
+    second worker with the same settings finishes. Then the view is read from
+    the data dir and the topics from the broker."""
+    started = time.monotonic()
+    tmp.mkdir(parents=True, exist_ok=True)
+    settings = crash_settings(broker, tmp)
+    users = users_by_partition(2, settings.partitions)
+    asyncio.run(ensure_topics(settings))
+    model, workers = Model(), Workers(tmp)
+    run = Run(name, settings, users)
+    try:
+        worker = workers.start(settings, worker_env(model))
+        feed = Feed(settings, episode_stream(users, PER_USER), RATE).start()
+        if crash is not None:
+            run.info = crash(worker, model, broker, feed)
+            worker = workers.start(settings, worker_env(model))
+        feed.join(60)
+        wait_settled(worker, users, PER_USER, CYCLES_PER_USER, 90,
+                     f"{name}: every episode visible and every cycle in the view")
+        run.stats = {u: {k: worker.stats(u)[k] for k in ("episodes", "reflections", "pending_importance",
+                                                         "high_salience", "cycles")} for u in users}
+        run.acked = len(feed.acked)
+        run.info["model_requests"] = len(model.asked)
+        run.asked, run.answered = list(model.asked), list(model.answered)
+    finally:
+        workers.stop_all()
+        model.close()
+    return read_topics(run, view_snapshot(settings, users), settings, started)
+
+
+@pytest.fixture(scope="module")
+def baseline(crash_broker, tmp_path_factory) -> Run:
+    return run_scenario("no crash", crash_broker, tmp_path_factory.mktemp("baseline"))
+
+
+def belief_differences(run: Run, baseline: Run) -> dict:
+    """Per user: belief ids only in one run, and fields that differ on shared ids."""
+    mine, theirs = comparable(beliefs_of(run.snapshot)), comparable(beliefs_of(baseline.snapshot))
+    out = {}
+    for u in theirs:
+        a, b = mine.get(u, {}), theirs[u]
+        fields_ = {rid: {k: (a[rid][k], b[rid][k]) for k in a[rid] if a[rid][k] != b[rid][k]}
+                   for rid in a.keys() & b.keys() if a[rid] != b[rid]}
+        if a.keys() ^ b.keys() or fields_:
+            out[u] = {"only_here": sorted(a.keys() - b.keys()), "only_in_reference": sorted(b.keys() - a.keys()),
+                      "fields": fields_}
+    return out
+
+
+def comparable(beliefs: dict) -> dict:
+    return {u: {rid: {k: p.get(k) for k in ("text", "evidence_ids", "depth", "importance", "confidence",
+                                            "question", "cycle_id", "status", "occurred_at", "reasoner")}
+                for rid, p in found.items()} for u, found in beliefs.items()}
+
+
+def assert_same_as_baseline(run: Run, baseline: Run) -> dict:
+    """What every crash case must end with; returns the figures it printed."""
+    n = len(run.users) * PER_USER
+    assert run.acked == n
+    episodes = episodes_of(run.snapshot)
+    # Every episode in the view exactly once: its point id is derived from
+    # (user, episode id), and the counts per user are of distinct episodes.
+    for u in run.users:
+        assert sorted(episodes[u]) == sorted(f"{u}-{i}" for i in range(PER_USER)), u
+        assert run.stats[u]["episodes"] == PER_USER
+        assert all(p["status"] == "recorded" and p["text"] for p in episodes[u].values())
+    assert {u: {e: (p["text"], p["importance"], p["occurred_at"]) for e, p in found.items()}
+            for u, found in episodes.items()} == \
+           {u: {e: (p["text"], p["importance"], p["occurred_at"]) for e, p in found.items()}
+            for u, found in episodes_of(baseline.snapshot).items()}
+    # Accumulators: the same sums, salience counts and cycles as the run without a crash.
+    assert run.stats == baseline.stats
+    figures = assert_no_duplicate_beliefs(run.reflections, run.snapshot)
+    # The beliefs: the same ids, texts, evidence, depth and confidence. This is
+    # exact: with one cycle a user (see THRESHOLD) nothing here depends on timing.
+    assert not belief_differences(run, baseline)
+    assert all(len(b) > 0 for b in beliefs_of(run.snapshot).values())  # the cycles made beliefs
+    cycles = collections.Counter(e["cycle_id"] for e in run.reflections if e["type"] == "ReflectionCycleCompleted")
+    assert sorted(cycles) == sorted(f"{u}:1" for u in run.users)
+    figures.update(
+        events_in=n, episodes_in_view=sum(len(e) for e in episodes.values()),
+        episode_topic_records=len(run.episodes_topic), episode_topic_duplicates=topic_duplicates(run.episodes_topic),
+        lost=n - sum(len(e) for e in episodes.values()),
+        beliefs_in_view=sum(len(b) for b in beliefs_of(run.snapshot).values()),
+        view_duplicates=0,  # asserted above: one point per episode id and per (user, cycle, text)
+        cycles_completed_records=sum(cycles.values()), cycles_rerun=sum(cycles.values()) - len(cycles),
+        request_topic_duplicates=topic_duplicates(run.requests), model_requests=run.info.get("model_requests"),
+        seconds=round(run.seconds, 1))
+    print(f"\n[{run.name}] " + ", ".join(f"{k}={v}" for k, v in {**figures, **run.info}.items()))
+    return figures
+
+
+def test_no_crash_run_is_the_reference(baseline):
+    """The reference run itself: everything once, each user one cycle with beliefs."""
+    assert_same_as_baseline(baseline, baseline)
+    assert topic_duplicates(baseline.reflections) == 0 and topic_duplicates(baseline.requests) == 0
+
+
+def test_sigkill_during_projection(crash_broker, tmp_path, baseline):
+    total = len(baseline.users) * PER_USER
+
+    def crash(worker, model, broker, feed):
+        seen = wait_for(lambda: (v := visible_episodes(worker, baseline.users)) >= total * 0.4 and v,
+                        60, "40% of the episodes visible")
+        cycles = (worker.get("/v1/reasoner") or {}).get("cycles", {})
+        kill(worker)
+        return {"visible_at_kill": seen, "published_at_kill": len(feed.acked), "cycles_at_kill": cycles}
+
+    run = run_scenario("SIGKILL during projection", crash_broker, tmp_path, crash)
+    assert run.info["visible_at_kill"] < total  # the kill landed mid-stream
+    assert_same_as_baseline(run, baseline)
+
+
+def test_sigkill_during_a_reflection_cycle(crash_broker, tmp_path, baseline):
+    def crash(worker, model, broker, feed):
+        model.hold = "record_insights"  # the first cycle's insights call never returns before the kill
+        wait_for(model.held.is_set, 60, "a cycle's insights call in flight")
+        held = [k for k in model.asked if k[0] == "record_insights"][0]
+        kill(worker)
+        model.release.set()  # the held call answers into a closed socket
+        return {"held_cycle_of": held[1], "published_at_kill": len(feed.acked)}
+
+    run = run_scenario("SIGKILL during a cycle", crash_broker, tmp_path, crash)
+    # The restarted worker ran the cycle again: its insights were asked again, and answered.
+    held = ("record_insights", run.info["held_cycle_of"])
+    assert run.asked.count(held) == 2 and run.answered.count(held) == 2  # the first answer went nowhere
+    assert_same_as_baseline(run, baseline)
+
+
+def test_sigkill_between_the_model_answer_and_the_publish(crash_broker, tmp_path, baseline):
+    def crash(worker, model, broker, feed):
+        model.before_answer = ("record_insights", broker.pause)  # the answer goes out; no ack can come back
+        wait_for(lambda: ("record_insights" in {t for t, _ in model.answered})
+                 and open_client_sockets(model.port) == 0, 60,
+                 "the worker has read the model's answer (its connection closed)")
+        user = [u for t, u in model.answered if t == "record_insights"][0]
+        kill(worker)
+        broker.resume()
+        return {"answered_cycle_of": user, "published_at_kill": len(feed.acked)}
+
+    run = run_scenario("SIGKILL between answer and publish", crash_broker, tmp_path, crash)
+    # Paid for once and asked again: the restarted worker could not know the
+    # first answer's events were (or were not) written, so it re-ran the cycle.
+    answered = ("record_insights", run.info["answered_cycle_of"])
+    assert run.answered.count(answered) == 2
+    assert_same_as_baseline(run, baseline)
+
+
+# ---------------------------------------------------------------- two workers, one consumer group
+#
+# What the project supports: the view is per process. open_view() gives a
+# Qdrant Edge shard in <data_dir>/view, which one process owns (its WAL is
+# locked), or a Qdrant server with --qdrant-url. No Qdrant server can be had
+# here (no binary on PyPI or Debian; qdrant-client's local mode is
+# in-process). So two workers run with two data dirs: each projects, and
+# serves, the partitions it consumes, and a user's reads go to the worker
+# that owns the user's partition. The union of the two views is compared
+# with the one-worker view.
+#
+# Limit of that set-up, left alone: a worker that takes over a partition
+# starts projecting at the committed offset, so its own view lacks what the
+# other worker had projected of it. A cycle of a moved user after the
+# hand-over then sees part of its window (the reflector waits 10 s for it,
+# then goes on with what it sees) and can decide otherwise. The hand-over
+# test below therefore kills a worker once the cycles have run and their
+# requests are committed; one shared view (a Qdrant server) is what makes a
+# hand-over before or during a cycle exact.
+
+ASSIGNED = re.compile(r"^\|\s*(\S+)\s*\|\s*\{([0-9,\-]*)\}\s*\|", re.M)
+
+
+def assigned_partitions(worker: Worker, topic: str) -> set[int]:
+    """The partitions of `topic` in the worker's last "Setting newly assigned
+    partitions" table (Faust logs one at every rebalance)."""
+    text = worker.log_path.read_text(errors="replace")
+    last = text.rfind("Setting newly assigned partitions")
+    if last < 0:
+        return set()
+    table = text[last:text.find("for group", last)]
+    for name, ranges in ASSIGNED.findall(table):
+        if name == topic:
+            found = set()
+            for part in filter(None, ranges.split(",")):
+                low, _, high = part.partition("-")
+                found.update(range(int(low), int(high or low) + 1))
+            return found
+    return set()
+
+
+def split(workers, topic: str, partitions: int) -> list[set[int]] | None:
+    """Each worker's partitions of `topic` once they are disjoint, cover all
+    and every worker has some (and every worker is ready), else None."""
+    if not all((w.get("/healthz") or {}).get("status") == "ok" for w in workers):
+        return None
+    sets = [assigned_partitions(w, topic) for w in workers]
+    if all(sets) and sum(map(len, sets)) == partitions and set().union(*sets) == set(range(partitions)):
+        return sets
+    return None
+
+
+def committed_to_end(settings: Settings, topic: str) -> bool:
+    """Whether the app's consumer group has committed `topic` to its end (the
+    worker produces one record per batch, so Tansu's end offsets are right)."""
+    async def check() -> bool:
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=settings.app_id,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+            ends = await consumer.end_offsets(tps)
+            return all([(await consumer.committed(tp) or 0) >= ends[tp] for tp in tps])
+        finally:
+            await consumer.stop()
+    return asyncio.run(check())
+
+
+def union_snapshot(settings_list, users) -> dict:
+    merged = {u: {} for u in users}
+    for settings in settings_list:
+        for u, points in view_snapshot(settings, users).items():
+            for pid, payload in points.items():
+                assert merged[u].get(pid, payload) == payload, f"two views disagree on {pid}"
+                merged[u][pid] = payload
+    return merged
+
+
+def run_group(name: str, broker, tmp: Path, kill_one: bool, rate: float = RATE) -> tuple[Run, dict]:
+    """Two workers of one app (one consumer group), each with its own data
+    dir and port; with `kill_one`, the second is SIGKILLed once every cycle
+    has run, while the stream still flows, and the first finishes alone."""
+    started = time.monotonic()
+    tmp.mkdir(parents=True, exist_ok=True)
+    base = crash_settings(broker, tmp)
+    group = [replace(base, data_dir=str(tmp / f"data-{i}"), web_port=free_port()) for i in range(2)]
+    users = users_by_partition(2, base.partitions)
+    asyncio.run(ensure_topics(base))
+    model, workers = Model(), Workers(tmp)
+    run, info = Run(name, base, users), {}
+    try:
+        for s in group:
+            workers.start(s, worker_env(model))
+        a, b = workers.started
+        sets = wait_for(lambda: split([a, b], base.topic_episodes, base.partitions), 60,
+                        "the two workers to split the partitions")
+        info["partitions"] = [sorted(x) for x in sets]
+        owner = {u: a if partition_of(u, base.partitions) in sets[0] else b for u in users}
+        info["users"] = [sorted(u for u in users if owner[u] is w) for w in (a, b)]
+        feed = Feed(base, episode_stream(users, PER_USER), rate).start()
+        if kill_one:
+            b_users = [u for u in users if owner[u] is b]
+            # Every cycle done (each user's 22nd episode fired it), the stream not yet over.
+            wait_for(lambda: all(owner[u].stats(u).get("cycles") == 1 and
+                                 (owner[u].get(f"/v1/users/{u}/beliefs?limit=1") or {})
+                                 .get("freshness", {}).get("fresh") for u in users), 60, "every cycle done")
+            # ... and committed: a request B ran but had not committed yet would
+            # run again in A, over A's view, which lacks B's projection of it
+            # (seen: 3 of 4 moved users got a belief with other evidence and
+            # another id). That is the limit described above, not tested here.
+            wait_for(lambda: all(committed_to_end(base, t) for t in (base.topic_requests, base.topic_reflections)),
+                     30, "the cycles' requests and events committed by the group")
+            info["published_at_kill"] = len(feed.acked)
+            kill(b)
+            killed_at = time.monotonic()
+            wait_for(lambda: assigned_partitions(a, base.topic_episodes) == set(range(base.partitions))
+                     and (a.get("/healthz") or {}).get("status") == "ok", 60,
+                     "the survivor to take over every partition")
+            info["takeover_s"] = round(time.monotonic() - killed_at, 1)
+            owner = {u: a for u in users}
+            info["moved_users"] = b_users
+        feed.join(60)
+        assert len(feed.acked) == len(users) * PER_USER
+        # Settled: the accumulators (tables, recovered from their changelogs
+        # by whoever owns the partition) counted every episode, and every
+        # cycle is done and in a view. The view count is per worker, so the
+        # episodes are checked in the union below.
+        wait_for(lambda: all((st := owner[u].stats(u)).get("high_salience") == PER_USER and st.get("cycles") == 1
+                             and (owner[u].get(f"/v1/users/{u}/beliefs?limit=1") or {})
+                             .get("freshness", {}).get("fresh") for u in users), 90, f"{name}: settled")
+        if not kill_one:
+            wait_for(lambda: all(owner[u].stats(u).get("episodes") == PER_USER for u in users), 60,
+                     "every episode in its owner's view")
+        run.stats = {u: {k: owner[u].stats(u)[k] for k in ("pending_importance", "high_salience", "cycles")}
+                     for u in users}
+        run.acked = len(feed.acked)
+        run.asked, run.answered = list(model.asked), list(model.answered)
+    finally:
+        workers.stop_all()
+        model.close()
+    return read_topics(run, union_snapshot(group, users), base, started), info
+
+
+def assert_group_same_as_baseline(run: Run, info: dict, baseline: Run) -> None:
+    figures = assert_no_duplicate_beliefs(run.reflections, run.snapshot)
+    episodes = episodes_of(run.snapshot)
+    for u in run.users:  # every episode once in the union of the views, as one worker holds them
+        assert sorted(episodes[u]) == sorted(f"{u}-{i}" for i in range(PER_USER)), u
+    assert {u: {e: (p["text"], p["status"]) for e, p in found.items()} for u, found in episodes.items()} == \
+           {u: {e: (p["text"], p["status"]) for e, p in found.items()}
+            for u, found in episodes_of(baseline.snapshot).items()}
+    assert run.stats == {u: {k: s[k] for k in ("pending_importance", "high_salience", "cycles")}
+                         for u, s in baseline.stats.items()}
+    assert not belief_differences(run, baseline)
+    n = len(run.users) * PER_USER
+    figures.update(events_in=n, episodes_in_view=sum(len(e) for e in episodes.values()),
+                   lost=n - sum(len(e) for e in episodes.values()),
+                   beliefs_in_view=sum(len(b) for b in beliefs_of(run.snapshot).values()),
+                   episode_topic_duplicates=topic_duplicates(run.episodes_topic),
+                   request_topic_duplicates=topic_duplicates(run.requests), seconds=round(run.seconds, 1))
+    print(f"\n[{run.name}] " + ", ".join(f"{k}={v}" for k, v in {**figures, **info}.items()))
+
+
+def test_two_workers_split_the_partitions_and_together_make_the_one_worker_view(crash_broker, tmp_path, baseline):
+    run, info = run_group("two workers", crash_broker, tmp_path, kill_one=False)
+    assert all(info["partitions"]) and all(info["users"])  # each worker was assigned some partitions
+    assert_group_same_as_baseline(run, info, baseline)
+
+
+def test_one_of_two_workers_sigkilled_the_other_takes_over_and_finishes(crash_broker, tmp_path, baseline):
+    # A slower stream: the kill waits for the cycles (at 55% of the stream)
+    # and for their commit (Faust commits every 2.8 s), and must come before its end.
+    run, info = run_group("two workers, one SIGKILLed", crash_broker, tmp_path, kill_one=True, rate=30.0)
+    assert info["moved_users"] and info["published_at_kill"] < len(run.users) * PER_USER  # killed mid-stream
+    assert_group_same_as_baseline(run, info, baseline)
+
+
+# ---------------------------------------------------------------- no broker: the re-run itself
+
+TEMPLATES = ("revert of PR {n}: the auth middleware broke login", "revert of PR {n}: auth token refresh failed",
+             "revert of PR {n}: auth session cookie expired early", "lunch today was pasta number {n}")
+
+
+def test_a_request_redelivered_after_its_beliefs_were_projected_adds_nothing(tmp_path):
+    """A worker killed after publishing a cycle's beliefs, before committing its
+    request, runs the cycle again once the beliefs are in the view. It used to
+    cite its own first run's beliefs (they occur at the cycle's time) and add
+    depth-2 beliefs with new ids that a run without the crash never makes."""
+    view, embedder = EdgeView(tmp_path, "reflect", 384), HashingEmbedder()
+    try:
+        episodes = [EpisodeRecorded(user_id="al", episode_id=f"al-{i}", text=TEMPLATES[i % 4].format(n=i),
+                                    importance=0.6, occurred_at=f"2026-01-01T00:00:{i:02d}Z") for i in range(12)]
+        EpisodeProjector(view, embedder).apply(episodes)
+        request = ReflectionRequested(user_id="al", cycle_id="al:1", why="threshold",
+                                      occurred_at=episodes[-1].occurred_at)
+        window = window_records(view, "al", [("episode", e.episode_id) for e in episodes])
+        first = run_cycle(request, window, view, embedder, OfflineReasoner(), CycleConfig())
+        assert [e for e in first if isinstance(e, ReflectionCreated)]
+        ReflectionProjector(view, embedder).apply(first)
+        again = run_cycle(request, window, view, embedder, OfflineReasoner(), CycleConfig())
+        assert [e.TYPE for e in again] == ["ReflectionCycleCompleted"], [(e.TYPE, getattr(e, "depth", None))
+                                                                        for e in again]
+        assert again[-1].event_id == first[-1].event_id  # the audit record is a redelivery of the same id
+    finally:
+        view.close()
+
+
+def test_resuming_an_active_flow_keeps_what_the_agents_have_queued():
+    """The second flow resume of Faust's recovery cleared the agents' queues
+    after their records were fetched: a worker restarted with a backlog ran one
+    cycle and then sat idle (the SIGKILL cases above stalled in 2 runs of 3
+    before streams/app.py's fix). A resume of a suspended flow still clears."""
+    from mode.utils.queues import FlowControlEvent, FlowControlQueue
+
+    from streams.app import _patch_flow_control_resume
+
+    async def scenario() -> tuple[int, int]:
+        _patch_flow_control_resume()
+        flow = FlowControlEvent(initially_suspended=True)
+        queue = FlowControlQueue(flow_control=flow, clear_on_resume=True)
+        flow.resume()
+        queue.put_nowait("fetched during recovery")
+        flow.resume()  # recovery's second resume: the flow is active already
+        kept = queue.qsize()
+        flow.suspend()  # a rebalance
+        flow.resume()
+        return kept, queue.qsize()
+    assert asyncio.run(scenario()) == (1, 0)
+
+
