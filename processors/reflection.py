@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
+
 from schemas import parse_time
 
 BELIEFS = uuid.UUID("0b6f1c2e-7d1a-4a7e-9a51-2f3d8c4e5b60")  # namespace of reflection ids
