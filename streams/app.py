@@ -125,6 +125,7 @@ def faust_app(settings: Settings) -> faust.App:
         # Tansu holds the first JoinGroup for half the session timeout.
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=settings.session_timeout / 6,
+        broker_rebalance_timeout=settings.rebalance_timeout,
         consumer_auto_offset_reset="earliest",
         key_serializer="json",
         value_serializer="json",

@@ -206,7 +206,11 @@ SPECS: tuple[Spec, ...] = (
     Spec("projector_within", "REFLECT_PROJECTOR_WITHIN", "0.05", _positive_float,
          "Seconds the projector waits to fill a batch before flushing what it has."),
     Spec("session_timeout", "REFLECT_SESSION_TIMEOUT", "6.0", _positive_float,
-         "Consumer group session timeout in seconds (short: Tansu holds joins for half of it)."),
+         "Consumer group session timeout in seconds (short: Tansu holds joins for half of it; Kafka refuses "
+         "less than its group.min.session.timeout.ms, 6 s by default)."),
+    Spec("rebalance_timeout", "REFLECT_REBALANCE_TIMEOUT", "60.0", _positive_float,
+         "Seconds a rebalance waits for every known member to rejoin (Faust's default; some brokers wait it "
+         "out for a member that died, so a restart after a crash takes this long)."),
     Spec("fetch_wait", "REFLECT_FETCH_WAIT", "0.05", _positive_float,
          "Seconds a worker's fetch may wait for records (Faust's 1.5 s costs ~0.6 s a hop on Tansu)."),
     Spec("web_host", "REFLECT_WEB_HOST", "127.0.0.1", _host,
@@ -315,6 +319,7 @@ class Settings:
     projector_batch: int
     projector_within: float
     session_timeout: float
+    rebalance_timeout: float
     fetch_wait: float
     web_host: str
     web_port: int

@@ -62,6 +62,9 @@ TEXTS = ("[{u}] revert of PR {n}: the auth middleware broke login",
          "[{u}] lunch today was pasta number {n}")
 IMPORTANCE = (0.6, 0.7, 0.8, 0.9, 0.5)  # 3.5 per five episodes
 USER_TAG = re.compile(r"\[(u\d+)\]")
+# Seconds. Session: Kafka's default group.min.session.timeout.ms, the least
+# brokers accept. Rebalance: what a restart after a SIGKILL may wait.
+SHORT_GROUP_TIMEOUTS = dict(session_timeout=6.0, rebalance_timeout=15.0)
 
 
 def users_by_partition(per_partition: int, partitions: int) -> list[str]:
@@ -381,6 +384,17 @@ def own_broker_for(request, tmp_path_factory, name: str):
         yield b
 
 
+# noida-db 0.2.3 (the latest) never completes a rebalance after a member died
+# without leaving: once the rebalance timeout passes, JoinGroup answers the
+# survivor with generation 2 and the dead member as leader, so its SyncGroup
+# waits for an assignment nobody sends, fails with RebalanceInProgress after
+# the session timeout, and the join repeats forever. Seen with two plain
+# aiokafka consumers as well; Tansu and Apache Kafka hand the partitions over.
+after_a_dead_member = pytest.mark.skipif(
+    TEST_BROKER == "noida", reason="noida-db 0.2.3 names a dead member the group leader after a SIGKILL, "
+                                   "so no worker ever rejoins (a broker bug; see the comment above)")
+
+
 @pytest.fixture(scope="module")
 def crash_broker(request, tmp_path_factory):
     """This module's own broker: one case pauses it."""
@@ -388,11 +402,14 @@ def crash_broker(request, tmp_path_factory):
 
 
 def crash_settings(broker, tmp: Path) -> Settings:
-    # A short session: after a SIGKILL the group waits the session out before
-    # the restarted worker gets the partitions (Tansu also holds a join for
-    # half of it); 3 s keeps each restart to a few seconds.
+    # The shortest session brokers accept: after a SIGKILL the group waits the
+    # session out before the restarted worker gets the partitions. Kafka and
+    # noida-db refuse less than 6 s (group.min.session.timeout.ms) with
+    # InvalidSessionTimeoutError; Tansu would take 3 s. noida-db also holds a
+    # rebalance for the whole rebalance timeout when a member died, hence the
+    # short one.
     return make_settings(broker.url, tmp / "data", threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                         reasoner="anthropic", reasoner_retries=0, session_timeout=3.0)
+                         reasoner="anthropic", reasoner_retries=0, **SHORT_GROUP_TIMEOUTS)
 
 
 def run_scenario(name: str, broker, tmp: Path, crash=None) -> Run:
@@ -495,6 +512,7 @@ def test_no_crash_run_is_the_reference(baseline):
     assert topic_duplicates(baseline.reflections) == 0 and topic_duplicates(baseline.requests) == 0
 
 
+@after_a_dead_member
 def test_sigkill_during_projection(crash_broker, tmp_path, baseline):
     total = len(baseline.users) * PER_USER
 
@@ -510,6 +528,7 @@ def test_sigkill_during_projection(crash_broker, tmp_path, baseline):
     assert_same_as_baseline(run, baseline)
 
 
+@after_a_dead_member
 def test_sigkill_during_a_reflection_cycle(crash_broker, tmp_path, baseline):
     def crash(worker, model, broker, feed):
         model.hold = "record_insights"  # the first cycle's insights call never returns before the kill
@@ -526,6 +545,7 @@ def test_sigkill_during_a_reflection_cycle(crash_broker, tmp_path, baseline):
     assert_same_as_baseline(run, baseline)
 
 
+@after_a_dead_member
 def test_sigkill_between_the_model_answer_and_the_publish(crash_broker, tmp_path, baseline):
     def crash(worker, model, broker, feed):
         model.before_answer = ("record_insights", broker.pause)  # the answer goes out; no ack can come back
@@ -714,6 +734,7 @@ def test_two_workers_split_the_partitions_and_together_make_the_one_worker_view(
     assert_group_same_as_baseline(run, info, baseline)
 
 
+@after_a_dead_member
 def test_one_of_two_workers_sigkilled_the_other_takes_over_and_finishes(crash_broker, tmp_path, baseline):
     # A slower stream: the kill waits for the cycles (at 55% of the stream)
     # and for their commit (Faust commits every 2.8 s), and must come before its end.

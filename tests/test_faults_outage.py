@@ -20,8 +20,8 @@ import pytest
 from conftest import wait_for
 from messages_api import MessagesServer, OfflineModel, error
 from streams.topics import ensure_topics
-from test_faults_crash import (Feed, Workers, episode_stream, make_settings, own_broker_for, proc_cpu_seconds,
-                               read_events, users_by_partition, visible_episodes)
+from test_faults_crash import (SHORT_GROUP_TIMEOUTS, Feed, Workers, episode_stream, make_settings, own_broker_for,
+                               proc_cpu_seconds, read_events, users_by_partition, visible_episodes)
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -143,7 +143,7 @@ RETRIES, FAILURES, COOLDOWN = 1, 2, 1.5
 def reasoner_settings(broker, tmp, timeout: float = 2.0):
     return make_settings(broker.url, tmp / "data", reasoner="anthropic", threshold=5.0, min_episodes=5,
                          reasoner_retries=RETRIES, reasoner_timeout=timeout, breaker_failures=FAILURES,
-                         breaker_cooldown=COOLDOWN, session_timeout=3.0)
+                         breaker_cooldown=COOLDOWN, **SHORT_GROUP_TIMEOUTS)
 
 
 def ingest(worker, settings, users, start: int, rate: float | None) -> tuple[float, float, float]:
