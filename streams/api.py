@@ -232,7 +232,9 @@ def install(runtime, tables: Tables, episodes_topic, requests_topic) -> None:
         try:
             sent = await asyncio.wait_for(topic.send(key=event.user_id.encode(), value=event.encode()),
                                           SEND_TIMEOUT)
-            await asyncio.wait_for(sent, SEND_TIMEOUT)
+            # Shielded: the 503 gives up waiting, not the send. Cancelling Faust's
+            # future made its publish callback raise when the broker answered late.
+            await asyncio.wait_for(asyncio.shield(sent), SEND_TIMEOUT)
         except (asyncio.TimeoutError, OSError) as exc:
             raise ApiError(503, "unavailable", f"the broker did not acknowledge the event: {exc!r}") from None
 

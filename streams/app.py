@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from processors.view import VectorStore, open_view
 from schemas import (ContractError, EpisodeRetracted, ReflectionCreated, ReflectionReinforced,
                      ReflectionRequested)
 from streams import api, metrics
+from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.logs import redacted
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -346,8 +348,15 @@ def create_app(settings: Settings) -> Runtime:
                     if number is not None and number > cycles_done[request.user_id]:
                         cycles_done[request.user_id] = number
 
+    watch, probe = BrokerWatch(last_answer=time.monotonic()), BrokerProbe(settings)
+
+    @app.timer(PROBE_INTERVAL)
+    async def watch_broker() -> None:
+        report(watch, await probe.answers(), time.monotonic(), settings.bootstrap)
+
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:
+        await probe.close()
         view.close()
 
     api.install(runtime, api.Tables(accumulators, spend, cycles_done), episodes, requests)

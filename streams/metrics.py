@@ -227,6 +227,12 @@ CONSUMER_LAG = REGISTRY.add(Gauge(
     "assigned partition of the topics it reads, at scrape time.",
     ("topic", "partition")))
 
+BROKER_REACHABLE = REGISTRY.add(Gauge(
+    "reflect_broker_reachable",
+    "1 while the broker answers this worker's metadata probe within its bound (every 5 s), 0 while it "
+    "does not (streams/broker_watch.py)."))
+BROKER_REACHABLE.set(1.0)  # as the watch starts: the worker got as far as serving by talking to the broker
+
 
 # --- hooks: one call each from streams/app.py --------------------------------
 

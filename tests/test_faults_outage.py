@@ -8,6 +8,7 @@ it acknowledged, and ingestion must not depend on the reasoner.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 import urllib.error
@@ -19,6 +20,7 @@ import pytest
 
 from conftest import wait_for
 from messages_api import MessagesServer, OfflineModel, error
+from streams.broker_watch import PROBE_INTERVAL
 from streams.topics import ensure_topics
 from test_faults_crash import (SHORT_GROUP_TIMEOUTS, Feed, Workers, episode_stream, make_settings, own_broker_for,
                                proc_cpu_seconds, read_events, users_by_partition, visible_episodes)
@@ -38,6 +40,13 @@ def post(port: int, path: str, body: dict, timeout: float = 60.0) -> tuple[int, 
 
 
 # ---------------------------------------------------------------- the broker stops answering
+
+def broker_reachable(port: int) -> float | None:
+    """The worker's reflect_broker_reachable gauge, from /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        found = re.search(rb"^reflect_broker_reachable (\S+)$", answer.read(), re.M)
+    return float(found[1]) if found else None
+
 
 PAUSE = 20.0  # seconds: longer than the API's 15 s wait for an acknowledgement
 SEND_TIMEOUT = 15.0  # streams/api.py: a write waits this long for the broker's acknowledgement
@@ -88,13 +97,16 @@ def test_broker_paused_then_resumed(own_broker, tmp_path):
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
         try:
+            wait_for(lambda: broker_reachable(port) == 0.0, PAUSE - 1, "the worker's probe noticing the outage")
+            noticed = time.monotonic() - paused_at
             # The fault's length, not a synchronization: the broker stays stopped PAUSE s.
-            time.sleep(PAUSE)
+            time.sleep(max(0.0, PAUSE - (time.monotonic() - paused_at)))
             cpu = proc_cpu_seconds(worker.process.pid) - cpu_before
             paused_for = time.monotonic() - paused_at
         finally:
             own_broker.resume()
         stop.set()
+        wait_for(lambda: broker_reachable(port) == 1.0, 3 * PROBE_INTERVAL, "the probe seeing the broker back")
         thread.join(2 * SEND_TIMEOUT + 10)
         assert not thread.is_alive(), "a write hung after the broker came back"
         share = cpu / paused_for
@@ -126,8 +138,16 @@ def test_broker_paused_then_resumed(own_broker, tmp_path):
         log = worker.log_path.read_text(errors="replace")
         outage_lines = [line for line in log.splitlines()
                         if any(w in line for w in ("WARNING", "ERROR")) and "Traceback" not in line]
-        print("[broker paused] worker log during/after the outage:\n  " + "\n  ".join(outage_lines[:12]))
-        assert outage_lines, "the worker's log says nothing about the outage"
+        print(f"[broker paused] the probe noticed after {noticed:.1f} s; worker log during/after the outage:\n  "
+              + "\n  ".join(outage_lines[:12]))
+        # One line when the broker went away and one when it came back, with
+        # how long it was away; and no traceback from a publish answered late.
+        lost = [n for n, line in enumerate(outage_lines) if "unreachable" in line]
+        back = [re.search(r"reachable again after ([0-9.]+) s", line) for line in outage_lines]
+        back = [(n, float(m[1])) for n, m in enumerate(back) if m]
+        assert len(lost) == len(back) == 1 and lost[0] < back[0][0], outage_lines
+        assert PAUSE - 1 <= back[0][1] <= PAUSE + 3 * PROBE_INTERVAL, back  # since its last answer before
+        assert "Exception in callback" not in log
     finally:
         workers.stop_all()
 

@@ -219,8 +219,10 @@ def test_metrics_count_what_the_worker_did(settings, worker):
         for name in ("reflect_events_total", "reflect_dlq_events_total", "reflect_cycles_total",
                      "reflect_cycle_duration_seconds", "reflect_reasoner_calls_total",
                      "reflect_reasoner_tokens_total", "reflect_reasoner_errors_total",
-                     "reflect_projector_upsert_seconds", "reflect_invalidations_total", "reflect_consumer_lag"):
+                     "reflect_projector_upsert_seconds", "reflect_invalidations_total", "reflect_consumer_lag",
+                     "reflect_broker_reachable"):
             assert name in types, name
+        assert value(samples, "reflect_broker_reachable") == 1  # its 0 is tests/test_faults_outage.py's
         assert all(n.startswith("reflect_") and (t != "counter" or n.endswith("_total")) for n, t in types.items())
         assert not {k for _, labels in samples for k, _ in labels} & {"user", "user_id"}
 
