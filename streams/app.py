@@ -31,6 +31,7 @@ from schemas import (ContractError, EpisodeRetracted, ReflectionCreated, Reflect
                      ReflectionRequested)
 from streams import api, metrics
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
+from streams.group_watch import GroupWatch
 from streams.logs import redacted
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -349,6 +350,7 @@ def create_app(settings: Settings) -> Runtime:
                         cycles_done[request.user_id] = number
 
     watch, probe = BrokerWatch(last_answer=time.monotonic()), BrokerProbe(settings)
+    app.add_dependency(GroupWatch(app, settings))
 
     @app.timer(PROBE_INTERVAL)
     async def watch_broker() -> None:
