@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -68,11 +69,19 @@ def test_topics_create_is_idempotent_with_configured_partitions(settings):
 
 
 def test_existing_topic_with_other_partition_count_is_refused(settings):
-    from dataclasses import replace
-
     run(ensure_topics(settings))
     with pytest.raises(TopicError, match="REFLECT_PARTITIONS"):
         run(ensure_topics(replace(settings, partitions=settings.partitions + 1)))
+
+
+def test_existing_topic_with_other_replication_factor_is_reported(settings):
+    run(ensure_topics(settings))
+    wider = replace(settings, replication_factor=settings.replication_factor + 1)
+    outcomes = run(ensure_topics(wider))
+    assert set(outcomes) == set(settings.topics)
+    assert all(outcome.startswith(f"exists, replication factor {settings.replication_factor} where settings say "
+                                  f"{wider.replication_factor} (REFLECT_REPLICATION_FACTOR)")
+               for outcome in outcomes.values()), outcomes
 
 
 def test_cli_send_reaches_the_view(settings, worker):
@@ -163,8 +172,6 @@ def test_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(settings, worker):
 
 
 def test_reflection_cycle_forms_cited_beliefs_scoped_to_the_user(settings, worker):
-    from dataclasses import replace
-
     s = replace(settings, threshold=2.0, min_episodes=4)
     run(ensure_topics(s))
     w = worker(s)
@@ -204,8 +211,6 @@ async def _read_until_cycles(settings, cycles, timeout=30.0):
 
 
 def test_worker_restart_mid_stream_continues_the_accumulator(settings, worker):
-    from dataclasses import replace
-
     s = replace(settings, threshold=30.0, min_episodes=1)
     run(ensure_topics(s))
     first = worker(s)
@@ -220,8 +225,6 @@ def test_worker_restart_mid_stream_continues_the_accumulator(settings, worker):
 
 
 def test_no_cycle_below_the_floor_then_exactly_one_and_a_manual_one(settings, worker):
-    from dataclasses import replace
-
     s = replace(settings, threshold=3.0, min_episodes=8, salience_cut=0.5)
     run(ensure_topics(s))
     w = worker(s)
@@ -253,8 +256,6 @@ def _post(settings, path):
 
 
 def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loop(settings, worker):
-    from dataclasses import replace
-
     from messages_api import MessagesServer, error
 
     api = MessagesServer([error(500)])  # the reasoner's API is down
@@ -278,8 +279,6 @@ def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loo
 
 
 def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker):
-    from dataclasses import replace
-
     from messages_api import MessagesServer, tool_answer
 
     api = MessagesServer({
@@ -308,8 +307,6 @@ def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker
 
 
 def test_a_spent_budget_and_an_outage_refuse_cycles_without_calling_the_api(settings, worker):
-    from dataclasses import replace
-
     from messages_api import MessagesServer, OfflineModel, error
 
     api = MessagesServer(OfflineModel())

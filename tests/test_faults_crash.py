@@ -34,7 +34,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from conftest import TEST_BROKER, Worker, wait_for
+from conftest import TEST_BROKER, Worker, read_topic, wait_for
 from messages_api import MessagesServer, OfflineModel
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
@@ -148,27 +148,6 @@ def open_client_sockets(port: int) -> int:
     return count
 
 
-async def _read_topic(settings: Settings, topic: str) -> list:
-    """Every record of `topic`, read to the fetch high watermark (Tansu's
-    ListOffsets is wrong for multi-record batches; the fetch's is right)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        out, deadline = [], time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                out.extend(records)
-            marks = [consumer.highwater(tp) for tp in tps]
-            if None not in marks and all([await consumer.position(tp) >= m for tp, m in zip(tps, marks)]):
-                return out
-        raise AssertionError(f"could not read {topic} to its end in 30 s")
-    finally:
-        await consumer.stop()
-
-
 def read_topics(run, snapshot, settings, started: float):
     """Finish a run's record: the view it left and the three topics, as read afterwards."""
     run.snapshot = snapshot
@@ -180,7 +159,7 @@ def read_topics(run, snapshot, settings, started: float):
 
 
 def read_events(settings: Settings, topic: str) -> list[dict]:
-    return [orjson.loads(r.value) for r in asyncio.run(_read_topic(settings, topic))]
+    return asyncio.run(read_topic(settings, topic, lambda r: orjson.loads(r.value)))
 
 
 class Feed:
