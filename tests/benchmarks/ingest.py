@@ -5,8 +5,9 @@
 Same episodes, same Tansu, same run:
 - worker: `reflect worker` (validate → accumulate → project, hashing
   embedder), publish → all visible in the view;
-- bare Faust agent counting events, and the same with a table write per event
-  (tests/benchmarks/bare_agent.py): the framework's limit;
+- bare Faust agent counting events, the same with a table write per event,
+  and three bare agents on the topic, as the worker's projector, accumulator
+  and invalidator read it (tests/benchmarks/bare_agent.py): the framework's limit;
 - raw aiokafka consumption of the topic: the box's limit;
 - the hashing embedder alone on the texts;
 - with `--minilm N`: the worker with the MiniLM embedder against MiniLM alone;
@@ -39,7 +40,8 @@ from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
 
 
-def bare(broker: EmbeddedBroker, n: int, with_table: bool, tmp: Path) -> float:
+def bare(broker: EmbeddedBroker, n: int, shape: str, tmp: Path) -> float:
+    """Seconds for the bare app of this shape (`-`, `table`, `agents=N`: see bare_agent.py) to count n events."""
     tag = uuid.uuid4().hex[:6]
     settings = Settings.load(env={}, broker=broker.url, topic_episodes=f"bare-{tag}")
     asyncio.run(ensure_topics(settings))
@@ -47,7 +49,7 @@ def bare(broker: EmbeddedBroker, n: int, with_table: bool, tmp: Path) -> float:
     log = open(tmp / f"bare-{tag}.log", "wb")
     child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bare_agent.py")), broker.url,
                               settings.topic_episodes, str(port), str(settings.partitions), str(tmp / tag),
-                              "table" if with_table else "-"], stdout=log, stderr=subprocess.STDOUT)
+                              shape], stdout=log, stderr=subprocess.STDOUT)
 
     def count() -> int:
         try:
@@ -98,8 +100,9 @@ def measure(n: int, minilm: int = 0, probes: int = 40) -> dict:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         tmp = Path(tmp)
         worker_s, raw_s, latencies = worker_rate(broker, tmp, n, "hashing", probes)
-        bare_s = bare(broker, n, False, tmp)
-        table_s = bare(broker, n, True, tmp)
+        bare_s = bare(broker, n, "-", tmp)
+        table_s = bare(broker, n, "table", tmp)
+        three_s = bare(broker, n, "agents=3", tmp)
         semantic = worker_rate(broker, tmp, minilm, "minilm")[0] if minilm else None
     texts = [e.text for e in episodes(max(n, minilm))]
     hashing_s = embed_seconds("hashing", texts[:n])
@@ -107,6 +110,7 @@ def measure(n: int, minilm: int = 0, probes: int = 40) -> dict:
     figures = [
         figure("worker, hashing embedder", worker, "episodes/s", "bare Faust agent", n / bare_s),
         figure("worker, hashing embedder", worker, "episodes/s", "bare agent + table per event", n / table_s),
+        figure("worker, hashing embedder", worker, "episodes/s", "three bare agents on the topic", n / three_s),
         figure("worker, hashing embedder", worker, "episodes/s", "raw aiokafka consume", n / raw_s),
         figure("worker, hashing embedder", worker, "episodes/s", "hashing embedder alone", n / hashing_s),
         figure("publish → visible p50", quantile(latencies, 50), "ms"),
