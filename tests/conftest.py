@@ -191,13 +191,18 @@ class Worker:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Worker":
+    def launch(self) -> "Worker":
+        """The process, not waiting for it to be ready (or to be refused)."""
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streams.cli", "worker"], env={**settings_env(self.settings), **self.env},
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_for(lambda: self.alive() and (self.get("/healthz") or {}).get("status") == "ok", 60,
-                 "worker /healthz ok (partitions assigned, tables recovered)")
+        return self
+
+    def start(self, timeout: float = 60, every: float = 0.1) -> "Worker":
+        self.launch()
+        wait_for(lambda: self.alive() and (self.get("/healthz") or {}).get("status") == "ok", timeout,
+                 "worker /healthz ok (partitions assigned, tables recovered)", every=every)
         return self
 
     def alive(self) -> bool:

@@ -3,16 +3,17 @@ refuses into its group exits non-zero, at once, saying what to change."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 from aiokafka import errors
 
-from conftest import settings_env
+from conftest import Worker
 from streams.broker import EmbeddedBroker
 from streams.group_watch import refusal
+from streams.settings import Settings
+
+SETTINGS = Settings.load(env={})  # the pure cases need no broker
 
 
 @pytest.mark.parametrize("error, names", [
@@ -21,15 +22,15 @@ from streams.group_watch import refusal
     (errors.InvalidGroupIdError(), "REFLECT_APP_ID"),
     (errors.InconsistentGroupProtocolError(), "another application shares REFLECT_APP_ID"),
 ])
-def test_each_refusal_of_the_group_says_what_to_change(settings, error, names):
-    why = refusal(error, settings)
-    assert names in why and repr(settings.app_id) in why
+def test_each_refusal_of_the_group_says_what_to_change(error, names):
+    why = refusal(error, SETTINGS)
+    assert names in why and repr(SETTINGS.app_id) in why
 
 
 @pytest.mark.parametrize("error", [None, errors.KafkaConnectionError(), errors.RebalanceInProgressError(),
                                    errors.RequestTimedOutError()])
-def test_errors_a_worker_recovers_from_are_not_refusals(settings, error):
-    assert refusal(error, settings) is None
+def test_errors_a_worker_recovers_from_are_not_refusals(error):
+    assert refusal(error, SETTINGS) is None
 
 
 @pytest.mark.integration
@@ -37,19 +38,13 @@ def test_a_worker_the_broker_refuses_into_its_group_exits_with_the_reason(settin
     # noida-db, like Apache Kafka, refuses a session below 6 s
     # (group.min.session.timeout.ms); Tansu accepts any, so this case brings
     # its own noida-db whatever the session broker is.
-    log = tmp_path / "worker.log"
     with EmbeddedBroker(kind="noida", log_path=str(tmp_path / "noida.log"), ready_timeout=60) as noida:
-        refused = replace(settings, broker=noida.url, session_timeout=3.0)
-        with open(log, "wb") as out:
-            worker = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], env=settings_env(refused),
-                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            try:
-                code = worker.wait(60)  # before this watch: up, unhealthy, until killed
-            finally:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait(10)
-    text = log.read_text(errors="replace")
+        worker = Worker(replace(settings, broker=noida.url, session_timeout=3.0), tmp_path / "worker.log").launch()
+        try:
+            code = worker.process.wait(60)  # before this watch: up, unhealthy, until killed
+        finally:
+            worker.stop()
+    text = worker.log_path.read_text(errors="replace")
     assert code == 1, text[-3000:]
     [line] = [ln for ln in text.splitlines() if "cannot join the consumer group" in ln]
     assert "session timeout of 3 s" in line and "REFLECT_SESSION_TIMEOUT" in line, line

@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import orjson  # noqa: E402
 
 import processors.retrieval as retrieval  # noqa: E402
-from conftest import Worker, settings_env, wait_for  # noqa: E402
+from conftest import Worker  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.reasoners import _shared_terms  # noqa: E402
@@ -363,14 +362,8 @@ def in_process(root: Path, users: int, n: int, min_score: float) -> tuple[dict, 
 class PatientWorker(Worker):
     """conftest's Worker with a longer start timeout: a large view takes a while to load."""
 
-    def start(self, timeout: float = 600) -> "PatientWorker":
-        self.log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "worker"], env={**settings_env(self.settings), **self.env},
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_for(lambda: self.alive() and (self.get("/healthz") or {}).get("status") == "ok", timeout,
-                 "worker /healthz ok", every=0.2)
-        return self
+    def start(self, timeout: float = 600, every: float = 0.2) -> "PatientWorker":
+        return super().start(timeout, every)
 
 
 def fetch(port: int, path: str):
