@@ -5,20 +5,21 @@ threshold *and* the user has enough high-salience history; after it fires the
 pending sum resets unconditionally — even if the cycle then fails — so a
 failing reasoner cannot be asked again on every episode.
 
-The recent window (the 100 newest records, episodes and reflections) lives in
-this state, by id only, so step 2 never reads the user's whole store. Ids, not
+The recent window (the 100 newest episodes) lives in this state, by id only, so step 2 never reads the user's whole store. Ids, not
 texts: the reflector reads the texts from the view, and every change of this
 state is a changelog record (texts made each one ~20 KB, which capped the
 worker's ingest, and left erased text in the changelog). It also makes
 redelivery harmless: an episode already in the window is not counted twice.
+Beliefs join a cycle's window in the reflector, from the view, in the order
+their cycles ran: this state sees only the episodes topic, in log order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Callable, Iterable
 
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated, ReflectionRequested
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested
 
 WINDOW = 100
 
@@ -66,11 +67,6 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
     """Fold one event into the user's accumulator; maybe ask for a cycle."""
     if isinstance(event, EpisodeRetracted):
         return replace(acc, recent=tuple(r for r in acc.recent if r["id"] != event.episode_id)), None
-    if isinstance(event, ReflectionCreated):
-        if acc.holds(event.reflection_id):
-            return acc, None
-        record = {"id": event.reflection_id, "kind": "reflection", "occurred_at": event.occurred_at}
-        return replace(acc, recent=_remember(acc, record)), None
     if not isinstance(event, EpisodeRecorded) or acc.holds(event.episode_id):
         return acc, None
     record = {"id": event.episode_id, "kind": "episode", "occurred_at": event.occurred_at}
@@ -82,6 +78,20 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
     # The cycle happens at the valid time of the episode that fired it: the
     # time its evidence is bounded by and its beliefs are valid from.
     return fire(acc, event.user_id, "threshold", event.occurred_at)
+
+
+def admit_all(current: Callable[[str], Accumulator], events: Iterable[Event],
+              trigger: Trigger) -> tuple[dict[str, Accumulator], list[ReflectionRequested]]:
+    """Fold a batch in order: the changed accumulators by user and the requests
+    they fired. `current(user)` is the state before the batch."""
+    changed: dict[str, Accumulator] = {}
+    requests = []
+    for event in events:
+        user = event.user_id
+        changed[user], request = admit(changed[user] if user in changed else current(user), event, trigger)
+        if request is not None:
+            requests.append(request)
+    return changed, requests
 
 
 def fire(acc: Accumulator, user_id: str, why: str, at: str) -> tuple[Accumulator, ReflectionRequested]:

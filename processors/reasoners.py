@@ -68,8 +68,11 @@ often together
 """.split())  # the last line: words of the offline reasoner's own insights
 
 
-def _terms(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+def _terms(text: str) -> list[str]:
+    """Sorted: a set's order follows the process's string hashing, and ties
+    below are broken in this order, so the same statements give the same
+    insight in every process."""
+    return sorted({w for w in _WORD.findall(text.lower()) if w not in _STOP})
 
 
 def _shared_terms(statements: Sequence[str]) -> list[tuple[str, list[int]]]:
@@ -113,7 +116,7 @@ class OfflineReasoner:
                 continue
             seen.add(cited)
             companions = Counter(t for i in cited for t in _terms(statements[i - 1]) if t != term)
-            also = [t for t, c in companions.most_common(3) if c >= 2]
+            also = [t for t, c in sorted(companions.items(), key=lambda tc: (-tc[1], tc[0]))[:3] if c >= 2]
             out.append(Insight(f"Often together: {', '.join([term, *also])}.", cited))
             if len(out) == n:
                 break

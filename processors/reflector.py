@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
+from processors.failures import transient
 from processors.projector import point_id
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
@@ -62,10 +63,11 @@ def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int
 
 
 SERVED = {"episode": "recorded", "reflection": "live"}
+WINDOW = 100  # the records step 2 reads: the user's newest, episodes and beliefs
 
 
 def window_refs(request: ReflectionRequested, recent: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(kind, id) of the window a cycle reflects on: the one the accumulator saw
+    """(kind, id) of the records a cycle names: the window the accumulator saw
     when it fired, or — for a manual request, which carries none — the current one."""
     if request.window_episode_ids is None and request.window_reflection_ids is None:
         return [(r["kind"], r["id"]) for r in recent]
@@ -78,11 +80,38 @@ def window_records(view: VectorStore, user_id: str, refs: Sequence[tuple[str, st
     what was retracted or invalidated since is left out."""
     pids = {point_id(kind, user_id, rid): (kind, rid) for kind, rid in refs}
     found = view.get(list(pids))
-    records = [{"id": rid, "kind": kind, "text": p["text"], "importance": float(p.get("importance", 0.0)),
-                "occurred_at": p["occurred_at"], "depth": int(p.get("depth", 0))}
-               for pid, (kind, rid) in pids.items() for p in [found.get(pid)]
-               if p and p.get("user_id") == user_id and p.get("status") == SERVED[kind] and p.get("text")]
-    return sorted(records, key=lambda r: r["occurred_at"])
+    return sorted((_record(kind, rid, p) for pid, (kind, rid) in pids.items() for p in [found.get(pid)]
+                   if p and p.get("user_id") == user_id and p.get("status") == SERVED[kind] and p.get("text")),
+                  key=lambda r: (r["occurred_at"], r["id"]))
+
+
+def _record(kind: str, rid: str, p: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rid, "kind": kind, "text": p["text"], "importance": float(p.get("importance", 0.0)),
+            "occurred_at": p["occurred_at"], "depth": int(p.get("depth", 0))}
+
+
+def earlier_beliefs(view: VectorStore, request: ReflectionRequested) -> list[dict[str, Any]]:
+    """The user's live beliefs of earlier cycles, as of the request's time,
+    oldest first. Every writer of a belief puts it in the view before the log
+    goes on (the reflector its own, the invalidator its decisions), and one
+    user's cycles run in log order: so this set is a function of the log."""
+    user, at = request.user_id, parse_time(request.occurred_at)
+    held = [_record("reflection", p["reflection_id"], p)
+            for _, p in view.scroll(user, kind="reflection", status="live")
+            if p.get("user_id") == user and p.get("cycle_id") != request.cycle_id and p.get("text")
+            and parse_time(p["occurred_at"]) <= at]
+    return sorted(held, key=lambda r: (r["occurred_at"], r["id"]))[-WINDOW:]
+
+
+def cycle_window(view: VectorStore, request: ReflectionRequested,
+                 recent: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What step 2 reads: the records the request names, and for a threshold or
+    manual cycle the user's earlier beliefs too; the newest WINDOW, oldest first."""
+    named = window_records(view, request.user_id, window_refs(request, recent))
+    if request.why == "revalidation":  # it names exactly the evidence that survived
+        return named
+    merged = {r["id"]: r for r in (*named, *earlier_beliefs(view, request))}.values()
+    return sorted(merged, key=lambda r: (r["occurred_at"], r["id"]))[-WINDOW:]
 
 
 def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], view: VectorStore,
@@ -99,13 +128,13 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     kept = reinforced = dropped = 0
     made: list[tuple[str, Any]] = []  # (reflection id, text vector) emitted in this cycle
     try:
-        questions, used = reasoner.questions([r["text"] for r in window], config.questions,
-                                             importance=[float(r.get("importance", 0.0)) for r in window])
+        questions, used = _asked(reasoner.questions, [r["text"] for r in window], config.questions,
+                                 importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
         found = _candidates(view, user, embedder.embed(questions), config.top_k * 4, config.max_depth, at, cycle) \
             if questions else []
         asked = [(q, rerank(c, cycle_time, config.top_k, config.weights)) for q, c in zip(questions, found)]
-        answers, used = _insights(reasoner, asked, config.insights)
+        answers, used = _asked(_insights, reasoner, asked, config.insights)
         usage += used
         for question, evidence, insights in answers:
             verdict = judge(user, cycle, insights, evidence, config.citation_floor, config.max_depth)
@@ -127,6 +156,8 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                 out.append(event)
         outcome, error = ("ok" if out else "empty"), None
     except Exception as exc:  # a failed cycle is reported, never retried in a loop
+        if transient(exc) and not getattr(exc, "from_reasoner", False):
+            raise  # the view's fault, not the reasoner's: the pipeline retries the cycle
         usage += getattr(exc, "spent", Usage())
         outcome = "unavailable" if getattr(exc, "unavailable", False) else "failed"
         error, out = f"{type(exc).__name__}: {exc}"[:2000], []
@@ -148,6 +179,16 @@ def _completed(request, reasoner, outcome, error, usage, started, questions=(), 
         dropped=dropped, duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
         reasoner=reasoner.name, error=error, usage=usage.to_dict(),
         occurred_at=request.occurred_at)  # the cycle's valid time, as its beliefs
+
+
+def _asked(call, *args, **kwargs):
+    """A reasoner call; what it raises is marked as the reasoner's failure
+    (reported in the cycle's audit event, never retried as a view fault)."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as exc:
+        exc.from_reasoner = True
+        raise
 
 
 def _insights(reasoner: Reasoner, asked, n: int):

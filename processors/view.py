@@ -51,6 +51,10 @@ class ViewError(RuntimeError):
     pass
 
 
+class ViewUnavailable(ViewError):
+    """The view did not answer (a server down or restarting): transient, retried, never dead-lettered."""
+
+
 class VectorStore(Protocol):
     def upsert(self, points: Sequence[ViewPoint]) -> None: ...
 

@@ -232,6 +232,11 @@ BROKER_REACHABLE = REGISTRY.add(Gauge(
     "1 while the broker answers this worker's metadata probe within its bound (every 5 s), 0 while it "
     "does not (streams/broker_watch.py)."))
 BROKER_REACHABLE.set(1.0)  # as the watch starts: the worker got as far as serving by talking to the broker
+PIPELINE_STALLED = REGISTRY.add(Gauge(
+    "reflect_pipeline_stalled",
+    "1 while a pipeline stage retries a transient fault (view, broker or embedder not answering) and its "
+    "partitions wait, 0 once it goes on (streams/pipeline/policy.py).",
+    ("stage",)))
 
 
 # --- hooks: one call each from streams/app.py --------------------------------
@@ -265,6 +270,10 @@ def cycle(completed) -> None:
         REASONER_TOKENS.inc(usage.get(key) or 0, kind=kind)
     if completed.outcome in ("failed", "unavailable"):
         REASONER_ERRORS.inc()
+
+
+def stalled(stage: str, now: bool) -> None:
+    PIPELINE_STALLED.set(1.0 if now else 0.0, stage=stage)
 
 
 def invalidations(emitted: Iterable) -> None:

@@ -252,6 +252,9 @@ SPECS: tuple[Spec, ...] = (
          "Default refresh policy of reads: serve the view as is, or wait for a due cycle's beliefs."),
     Spec("refresh_timeout", "REFLECT_REFRESH_TIMEOUT", "10.0", _positive_float,
          "Seconds a blocking read waits for due cycles before it answers, saying it is stale."),
+    Spec("cycle_wait", "REFLECT_CYCLE_WAIT", "120.0", _positive_float,
+         "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
+         "its request and no further (past it, the retraction goes on and the beliefs may depend on timing)."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "0.3", _unit,
          "Cosine a belief needs to answer a pattern question (else episodes do); embedder-dependent."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
@@ -340,6 +343,7 @@ class Settings:
     breaker_cooldown: float
     refresh: str
     refresh_timeout: float
+    cycle_wait: float
     recall_min_score: float
     threshold: float
     min_episodes: int

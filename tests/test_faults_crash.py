@@ -759,10 +759,10 @@ def test_resuming_an_active_flow_keeps_what_the_agents_have_queued():
     before streams/app.py's fix). A resume of a suspended flow still clears."""
     from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-    from streams.app import _patch_flow_control_resume
+    from streams.patches import patch_flow_control_resume
 
     async def scenario() -> tuple[int, int]:
-        _patch_flow_control_resume()
+        patch_flow_control_resume()
         flow = FlowControlEvent(initially_suspended=True)
         queue = FlowControlQueue(flow_control=flow, clear_on_resume=True)
         flow.resume()

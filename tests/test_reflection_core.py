@@ -6,10 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 from hypothesis import given, strategies as st
 
-from processors.accumulator import WINDOW, Accumulator, Trigger, admit
+from processors.accumulator import WINDOW, Accumulator, Trigger, admit, admit_all
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Candidate, Insight, judge, reflection_id, rerank
-from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, decode
+from schemas import EpisodeRecorded, EpisodeRetracted, decode
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
 
@@ -52,17 +52,24 @@ def test_redelivered_episodes_are_not_counted_twice():
     assert twice == once and twice.episodes == 10
 
 
-def test_recent_window_is_bounded_holds_reflections_and_forgets_retractions():
+def test_recent_window_is_bounded_and_forgets_retractions():
     trigger = Trigger(threshold=1e9, min_episodes=1)
     acc, _ = feed(Accumulator(), [ep(i) for i in range(WINDOW + 20)], trigger)
     assert len(acc.recent) == WINDOW and acc.recent[0]["id"] == "e20"
-    belief = ReflectionCreated(user_id="u", reflection_id="r1", cycle_id="u:1", text="belief",
-                               evidence_ids=("e20", "e21"), depth=1, importance=0.7, confidence=0.5,
-                               reasoner="offline", prompt_version="offline-v1")
-    acc, _ = feed(acc, [belief, EpisodeRetracted(user_id="u", episode_id="e50")], trigger)
+    acc, _ = feed(acc, [EpisodeRetracted(user_id="u", episode_id="e50")], trigger)
     ids = [r["id"] for r in acc.recent]
-    assert ids[-1] == "r1" and acc.recent[-1]["kind"] == "reflection" and "e50" not in ids
+    assert ids[-1] == f"e{WINDOW + 19}" and "e50" not in ids and len(ids) == WINDOW - 1
     assert Accumulator.from_dict(acc.to_dict()) == acc
+
+
+def test_a_batch_folds_as_its_events_one_by_one():
+    trigger = Trigger(threshold=3.0, min_episodes=2, salience_cut=0.5)
+    events = [ep(i, 0.5) for i in range(13)] + [ep(i, 0.9, user="v") for i in range(5)]
+    one_by_one, requests = feed(Accumulator(), [e for e in events if e.user_id == "u"], trigger)
+    changed, batched = admit_all(lambda user: Accumulator(), events, trigger)
+    assert changed["u"] == one_by_one and [r.cycle_id for r in batched] == ["u:1", "u:2", "v:1"]
+    assert [(r.cycle_id, r.window_episode_ids) for r in batched if r.user_id == "u"] == \
+        [(r.cycle_id, r.window_episode_ids) for r in requests]
 
 
 def cand(i: int, sim: float, imp: float = 0.5, hours: float = 0, depth: int = 0) -> Candidate:
@@ -129,13 +136,9 @@ def test_offline_reasoner_is_grounded_and_ignores_instructions_in_statements():
 def test_a_request_carries_the_window_that_fired_it():
     trigger = Trigger(threshold=3.0, min_episodes=2, salience_cut=0.5)
     acc, _ = feed(Accumulator(), [ep(i, 0.1) for i in range(4)], trigger)
-    belief = ReflectionCreated(user_id="u", reflection_id="r1", cycle_id="u:0", text="belief",
-                               evidence_ids=("e0", "e1"), depth=1, importance=0.7, confidence=0.5,
-                               reasoner="offline", prompt_version="offline-v1", question="q?")
-    acc, _ = admit(acc, belief, trigger)
     acc, [request] = feed(acc, [ep(i, 0.9) for i in range(4, 7)], trigger)
     assert request.window_episode_ids == tuple(f"e{i}" for i in range(7))
-    assert request.window_reflection_ids == ("r1",)
+    assert request.window_reflection_ids == ()
     assert decode(request.encode()) == request  # within its contract
 
 

@@ -1,0 +1,118 @@
+"""What a worker holds while it runs: the Faust app, its tables and topics, the
+view, the embedder and reasoner, and the error policy. Built once by
+`streams.app.create_app`; the pipeline's agents and the HTTP routes read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import faust
+
+from processors.dlq import dead_letter_headers
+from processors.embedders import Embedder
+from processors.guard import Breaker, Budget, Tally
+from processors.reasoners import Reasoner
+from processors.view import VectorStore
+from schemas import Event, ReflectionRequested
+from streams import metrics
+from streams.logs import redacted
+from streams.pipeline.policy import Health, Policy
+from streams.settings import Settings
+
+log = logging.getLogger("reflect")
+USER_LOCKS = 64  # stripes: two users rarely share one, and the map never grows
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Per-user state, changelogged, co-partitioned with the topics (a user's
+    events and state live on one partition number, so one worker owns both)."""
+
+    accumulators: Any  # user → Accumulator.to_dict(): the trigger and the recent window
+    provenance: Any  # user → the invalidator's state (processors/invalidator.py)
+    spend: Any  # "user:<id>" / "partition:<n>" → Spend.to_dict(): tokens spent today
+    cycles_done: Any  # user → the last threshold cycle whose events are in the view
+
+    @classmethod
+    def of(cls, app: faust.App, partitions: int) -> "Tables":
+        # Plain JSON keys and values (the app's serializers): value_type=dict broke
+        # changelog recovery ("dict has no from_data"), and raw keys came back as bytes.
+        return cls(app.Table("accumulators", default=dict, partitions=partitions),
+                   app.Table("invalidator", default=dict, partitions=partitions),
+                   app.Table("reasoner-spend", default=dict, partitions=partitions),
+                   app.Table("cycles-done", default=int, partitions=partitions))
+
+
+def write(table, partition: int, key: str, value: Any) -> None:
+    """As `table[key] = value` would, but to the partition of the user's own
+    events: the agents read other topics than the one a key was last set from."""
+    table.data[key] = value
+    table.send_changelog(partition, key, value)
+
+
+class Outlets:
+    """The topics the pipeline writes: each event to the topic of its type, a
+    dead letter beside the topic it came from."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        def raw(name: str):
+            return app.topic(name, value_serializer="raw", key_serializer="raw", partitions=settings.partitions)
+
+        self.episodes, self.requests = raw(settings.topic_episodes), raw(settings.topic_requests)
+        self.reflections = raw(settings.topic_reflections)
+        self.dlq = {settings.topic_episodes: raw(settings.dlq_episodes),
+                    settings.topic_reflections: raw(settings.dlq_reflections),
+                    settings.topic_requests: raw(settings.dlq_reflections)}
+
+    def topic_of(self, event: Event):
+        if isinstance(event, ReflectionRequested):
+            return self.requests
+        return self.reflections if event.TYPE.startswith("Reflection") else self.episodes
+
+    async def publish(self, events: Iterable[Event]) -> None:
+        """Send and wait for the broker's acknowledgement of every one: a batch
+        is acknowledged upstream only once what it caused is in the log."""
+        sent = [await self.topic_of(e).send(key=e.user_id.encode(), value=e.encode()) for e in events]
+        await asyncio.gather(*sent)
+
+    async def dead_letter(self, message, error: BaseException, stage: str) -> None:
+        log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition, message.offset, stage,
+                    redacted(error), extra={"topic": message.topic, "partition": message.partition,
+                                            "offset": message.offset, "stage": stage,
+                                            "error_class": type(error).__name__})
+        metrics.dead_letter(message.topic, stage)
+        sent = await self.dlq[message.topic].send(key=message.key, value=message.value, headers=dead_letter_headers(
+            message.topic, message.partition, message.offset, error, stage))
+        await sent
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    app: faust.App
+    view: VectorStore
+    embedder: Embedder
+    reasoner: Reasoner
+    breaker: Breaker
+    budget: Budget
+    tally: Tally
+    tables: Tables
+    outlets: Outlets
+    health: Health
+    policy: Policy
+    # Held by the live projectors while they apply and by a rebuild while it swaps.
+    projection_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    running: dict = dataclasses.field(default_factory=dict)  # user → the cycle id the reflector is on
+    # Notified whenever a cycle is marked done: a retraction waits on it (streams/pipeline/episodes.py).
+    cycle_done: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
+    _locks: list = dataclasses.field(default_factory=lambda: [asyncio.Lock() for _ in range(USER_LOCKS)])
+
+    def user_lock(self, user_id: str) -> asyncio.Lock:
+        """Held while a user's invalidator state is read, changed and written:
+        the episodes and the reflections pipelines both change it."""
+        return self._locks[hash(user_id) % USER_LOCKS]
