@@ -55,7 +55,7 @@ MAX_GONE = 1024  # gone ids a user's state keeps at most, the newest by valid ti
 
 def empty_state() -> dict[str, Any]:
     # gone: id → {"at": valid time, "erasure": bool}
-    # decided: belief id → {"lost", "status", "confidence"} after its last decision
+    # decided: weakened belief id → {"lost", "status", "confidence"} after its last decision
     # pending: belief id → {"evidence_ids", "depth", "confidence"} seen, maybe not projected yet
     return {"gone": {}, "decided": {}, "pending": {}}
 
