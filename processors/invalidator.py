@@ -14,6 +14,26 @@ decisions, which the view also learns late — is its own state (a Faust table
 keyed by user, like the topics it reads), so whichever comes first, each
 belief is decided once per lost piece of evidence, and it never waits on
 another agent.
+
+That state is bounded per user (`bounded`); what it drops can no longer
+matter, or the bound says what it costs:
+
+* `decided` keeps only weakened beliefs, at most one entry per weakened live
+  belief: the confidence and losses a later loss must start from. An invalid
+  belief's entry goes, as its id is in `gone`, which says it is invalid (and
+  the view says so too once it projects the invalidation).
+* `gone` keeps the MAX_GONE newest ids by valid time. The losses of weakened
+  beliefs stay counted through `decided`. A retraction redelivered after
+  MAX_GONE newer losses is decided again: what it reached is invalid or
+  already lost it, so it emits nothing, except an erasure, carried out again
+  with the same event ids. A belief event arriving after MAX_GONE newer
+  losses, citing what was lost before them, is not invalidated by it: the
+  reflector cites only what the view serves, so that takes a view as far
+  behind.
+* `pending` is pruned once the view holds a belief as it is, and keeps at most
+  MAX_PENDING newest beliefs: one dropped before the view holds it is found
+  there once it does; a retraction in between misses it, which takes a view
+  MAX_PENDING beliefs of one user behind.
 """
 
 from __future__ import annotations
@@ -25,22 +45,50 @@ from processors.projector import point_id
 from processors.provenance import Decision, decide, reach
 from processors.view import VectorStore
 from schemas import (EpisodeRetracted, Event, ReflectionCreated, ReflectionInvalidated, ReflectionReinforced,
-                     ReflectionRequested, now)
+                     ReflectionRequested, now, parse_time)
 
 REVALIDATE = uuid.UUID("0b5c1f0e-7c1a-4f57-8d6e-2b9f3b1c8e44")
 PENDING_PRUNE = 64  # pending beliefs a user's state holds before the view is asked which it has
+MAX_PENDING = 1024  # pending beliefs a user's state keeps at most, the newest
+MAX_GONE = 1024  # gone ids a user's state keeps at most, the newest by valid time
 
 
 def empty_state() -> dict[str, Any]:
     # gone: id → {"at": valid time, "erasure": bool}
-    # decided: belief id → {"lost", "status", "confidence"} after its last decision
+    # decided: weakened belief id → {"lost", "status", "confidence"} after its last decision
     # pending: belief id → {"evidence_ids", "depth", "confidence"} seen, maybe not projected yet
     return {"gone": {}, "decided": {}, "pending": {}}
 
 
+def bounded(state: dict[str, Any], max_gone: int = MAX_GONE, max_pending: int = MAX_PENDING) -> dict[str, Any]:
+    """The state without what can no longer matter (see the module's docstring)."""
+    gone = state["gone"]
+    if len(gone) > max_gone:
+        gone = dict(sorted(gone.items(), key=lambda item: (parse_time(item[1]["at"]), item[0]))[-max_gone:])
+    decided = {rid: d for rid, d in state["decided"].items()
+               if not (d["status"] == "invalid" and rid in state["gone"])}
+    pending = dict(list(state["pending"].items())[-max_pending:])
+    return {"gone": gone, "decided": decided, "pending": pending}
+
+
+def overlay(state: dict[str, Any], rid: str) -> dict[str, Any]:
+    """What this processor knows of a belief that the view may not show yet."""
+    if rid in state["gone"]:
+        return {"status": "invalid", "confidence": 0.0}
+    return {k: v for k, v in state["decided"].get(rid, {}).items() if k != "lost"}
+
+
+def lost_ids(state: dict[str, Any]) -> set[str]:
+    """Every id known to be gone: those in `gone`, and what weakened beliefs
+    lost, whose ids `gone` may have dropped since."""
+    return {*state["gone"], *(e for d in state["decided"].values() for e in d["lost"])}
+
+
 class Invalidator:
-    def __init__(self, view: VectorStore, citation_floor: int, max_depth: int) -> None:
+    def __init__(self, view: VectorStore, citation_floor: int, max_depth: int, max_gone: int = MAX_GONE,
+                 max_pending: int = MAX_PENDING) -> None:
         self.view, self.floor, self.max_depth = view, citation_floor, max_depth
+        self.max_gone, self.max_pending = max_gone, max_pending
 
     def _dependents(self, user: str, state: dict[str, Any]):
         def of(record_id: str) -> list[dict[str, Any]]:
@@ -51,8 +99,7 @@ class Invalidator:
                 if record_id in belief["evidence_ids"]:  # newer than, or missing from, the view
                     found[rid] = {**found.get(rid, {"status": "live"}), **belief, "reflection_id": rid}
             # The view learns this processor's decisions late: its own are the truth.
-            return [{**p, **{k: v for k, v in state["decided"].get(rid, {}).items() if k != "lost"}}
-                    for rid, p in found.items()]
+            return [{**p, **overlay(state, rid)} for rid, p in found.items()]
         return of
 
     def _prune(self, user: str, state: dict[str, Any]) -> None:
@@ -75,7 +122,9 @@ class Invalidator:
         state["gone"][cause] = {"at": state["gone"].get(cause, {}).get("at", event.occurred_at), "erasure": erasure}
         self._prune(user, state)
         seeds = [(cause, p) for p in self._dependents(user, state)(cause)]
-        return self._decide(user, cause, seeds, state), known or bool(seeds)
+        out = self._decide(user, cause, seeds, state)
+        state.update(bounded(state, self.max_gone, self.max_pending))
+        return out, known or bool(seeds)
 
     def on_belief(self, event: ReflectionCreated | ReflectionReinforced, state: dict[str, Any]) -> list[Event]:
         """Remember a belief the view may not hold yet; decide it now if it
@@ -83,22 +132,23 @@ class Invalidator:
         rid = event.reflection_id
         if len(state["pending"]) >= PENDING_PRUNE:
             self._prune(event.user_id, state)
-        before = state["pending"].get(rid, {})
+        before = state["pending"].pop(rid, {})  # and back in as the newest
         state["pending"][rid] = {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence,
                                  "depth": getattr(event, "depth", None) or before.get("depth", 1)}
         decided = state["decided"].get(rid, {})
         lost = [e for e in event.evidence_ids if e in state["gone"] and e not in decided.get("lost", ())]
-        if not lost or decided.get("status") == "invalid":
-            return []
-        payload = {"reflection_id": rid, "status": "live", **state["pending"][rid],
-                   **{k: v for k, v in decided.items() if k != "lost"}}
-        return self._decide(event.user_id, lost[0], [(lost[0], payload)], state)
+        out = []
+        if lost and rid not in state["gone"]:  # an invalid belief's id is in gone
+            payload = {"reflection_id": rid, "status": "live", **state["pending"][rid], **overlay(state, rid)}
+            out = self._decide(event.user_id, lost[0], [(lost[0], payload)], state)
+        state.update(bounded(state, self.max_gone, self.max_pending))
+        return out
 
     def _decide(self, user: str, cause: str, seeds, state: dict[str, Any]) -> list[Event]:
         reached, parent = reach(seeds, self._dependents(user, state), self.max_depth, root=cause)
         erasure = state["gone"][cause]["erasure"]
         lost_before = {rid: d["lost"] for rid, d in state["decided"].items()}
-        decisions = decide(reached, parent, cause, set(state["gone"]), lost_before, self.floor, erasure)
+        decisions = decide(reached, parent, cause, lost_ids(state), lost_before, self.floor, erasure)
         at, expired = state["gone"][cause]["at"], now()
         out: list[Event] = []
         for d in decisions:

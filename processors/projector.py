@@ -144,6 +144,15 @@ class EpisodeProjector:
 
 
 
+LIVE_HISTORY = 32  # newest "live" entries (reinforcements) a belief's history keeps: see bounded_history
+
+
+def support_of(support: int | None, evidence_ids) -> int:
+    """Distinct evidence a belief has ever cited. A belief (or event) from
+    before `support` was counted merged all its evidence into evidence_ids."""
+    return support or len(evidence_ids)
+
+
 def reflection_payload(event: ReflectionCreated) -> dict:
     return {
         "user_id": event.user_id,
@@ -152,6 +161,7 @@ def reflection_payload(event: ReflectionCreated) -> dict:
         "cycle_id": event.cycle_id,
         "text": event.text,
         "evidence_ids": list(event.evidence_ids),
+        "support": support_of(event.support, event.evidence_ids),
         "depth": event.depth,
         "importance": event.importance,
         "confidence": event.confidence,
@@ -163,25 +173,49 @@ def reflection_payload(event: ReflectionCreated) -> dict:
         "valid_from": event.occurred_at,
         "recorded_at": event.recorded_at,
         "created_at": event.recorded_at,
-        # Transaction-time changes, for reads as of an earlier time.
-        "history": [{"at": event.recorded_at, "status": "live", "confidence": event.confidence}],
+        # Transaction-time changes, for reads as of an earlier time; each names
+        # its event, so applying an event again is recognised (see change).
+        "history": [{"at": event.recorded_at, "status": "live", "confidence": event.confidence,
+                     "event_id": event.event_id}],
     }
+
+
+def bounded_history(history: list[dict], live: int = LIVE_HISTORY) -> list[dict]:
+    """A belief's history without its oldest reinforcements, in order. Kept:
+    every entry that is not "live" (weakenings, the invalidation: few, and
+    what a read as of an earlier time must not miss), the first (the creation,
+    so a read as of a time whose reinforcements were dropped shows the
+    confidence held before them, never the current one) and the newest `live`
+    reinforcements. A repeat of a dropped reinforcement is still recognised:
+    its support is not above the belief's."""
+    lives = [i for i, entry in enumerate(history) if entry["status"] == "live"]
+    dropped = set(lives[1:-live])
+    return [entry for i, entry in enumerate(history) if i not in dropped]
 
 
 def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -> tuple[dict, bool]:
     """The payload keys an event sets on a projected belief, and whether its
-    text and vector go (an erasure). Invalid is terminal: later events of an
-    invalid belief change nothing."""
+    text and vector go (an erasure); ({}, False) when it changes nothing.
+
+    Idempotent and order-safe: an event already in the history (a redelivery,
+    or the writer's own write to the view before publishing) changes nothing,
+    nor does a reinforcement that does not raise the belief's support (an older
+    one arriving late, which would undo a newer reinforcement or weakening).
+    Invalid is terminal: later events of an invalid belief change nothing."""
+    if any(entry.get("event_id") == event.event_id for entry in payload.get("history", ())):
+        return {}, False
     if payload.get("status") == "invalid":  # terminal, but an erasure still takes the text
         erased = isinstance(event, ReflectionInvalidated) and bool(event.erased)
         return ({"erased_at": event.expired_at}, True) if erased else ({}, False)
-    history = [*payload.get("history", ())]
     if isinstance(event, ReflectionReinforced):
-        history.append({"at": event.recorded_at, "status": "live", "confidence": event.confidence})
-        return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence,
-                "reinforced_at": event.recorded_at, "history": history}, False
-    history.append({"at": event.expired_at, "status": event.status, "confidence": event.confidence or 0.0})
-    keys = {"confidence": event.confidence or 0.0, "history": history,
+        support = support_of(event.support, event.evidence_ids)
+        if support <= support_of(payload.get("support"), payload.get("evidence_ids", ())):
+            return {}, False
+        return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence, "support": support,
+                "reinforced_at": event.recorded_at,
+                "history": _logged(payload, event, event.recorded_at, "live", event.confidence)}, False
+    keys = {"confidence": event.confidence or 0.0,
+            "history": _logged(payload, event, event.expired_at, event.status, event.confidence or 0.0),
             "lost_evidence_ids": sorted({*payload.get("lost_evidence_ids", ()),
                                          *(e for e in payload.get("evidence_ids", ())
                                            if e not in (event.surviving_evidence_ids or ()))})}
@@ -193,9 +227,15 @@ def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -
     return keys, bool(event.erased) and event.status == "invalid"
 
 
+def _logged(payload: dict, event: Event, at: str, status: str, confidence: float) -> list[dict]:
+    entry = {"at": at, "status": status, "confidence": confidence, "event_id": event.event_id}
+    return bounded_history([*payload.get("history", ()), entry])
+
+
 class ReflectionProjector:
-    """ReflectionCreated → a point (kind=reflection); Reinforced → merged evidence;
-    Invalidated → weakened, or invalid (and, after an erasure, without text)."""
+    """ReflectionCreated → a point (kind=reflection); Reinforced → the evidence it
+    keeps and its support; Invalidated → weakened, or invalid (and, after an
+    erasure, without text). Applying an event again changes nothing."""
 
     def __init__(self, view: VectorStore, embedder: Embedder) -> None:
         self.view = view

@@ -9,13 +9,14 @@ reasoner's API did not answer) or refused (budget spent, breaker open).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
 from processors.failures import transient
-from processors.projector import point_id
+from processors.projector import point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
 from processors.view import VectorStore
@@ -31,6 +32,7 @@ class CycleConfig:
     questions: int = 3
     insights: int = 5
     duplicate_cosine: float = 0.92
+    max_evidence: int = 32  # evidence ids a belief keeps (the schema allows 256): see kept_evidence
     weights: Weights = Weights()
 
     @classmethod
@@ -211,6 +213,31 @@ def _insights(reasoner: Reasoner, asked, n: int):
     return answers, usage
 
 
+# Support at which a belief's confidence is one half: a belief at the citation
+# floor (two pieces of evidence) starts there, as it did before support was counted.
+CONFIDENCE_HALF = 2
+
+
+def confidence(support: int) -> float:
+    """How sure a belief resting on `support` distinct pieces of evidence is:
+    support / (support + CONFIDENCE_HALF). It rises with every new piece, by
+    less each time, and never reaches 1.0 — no number of agreeing cycles makes
+    a belief certain, and a well-supported one still has room to show more
+    support than a barely supported one. Floored (not rounded) to 6 decimals
+    so it stays below 1.0 however large the support."""
+    return math.floor(support / (support + CONFIDENCE_HALF) * 1e6) / 1e6
+
+
+def kept_evidence(cited: Sequence[str], limit: int) -> tuple[str, ...]:
+    """The evidence a belief keeps citing, at most `limit`, in citation order:
+    the most recently cited. That is what the next cycles recall (the rerank
+    favours recent records), so a re-citation is recognised as a repeat rather
+    than counted as new support, and what an invalidation walks from is the
+    evidence the belief rests on now. Older support stays counted in `support`;
+    a retraction of evidence dropped here no longer reaches the belief."""
+    return tuple(cited[-limit:])
+
+
 def _belief_event(request, belief, vector, question, view, reasoner, config) -> Event | None:
     """A new belief, a reinforcement of a live near-duplicate of the same user,
     or None when that near-duplicate already cites all this evidence."""
@@ -227,16 +254,18 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
         added = tuple(e for e in evidence_ids if e not in previous)
         if not added:  # the belief already rests on this evidence: a repeat, not support
             return None
-        merged = (*previous, *added)
-        confidence = min(1.0, float(old.get("confidence", 0.5)) + 0.1 * len(added))
+        support = support_of(old.get("support"), previous) + len(added)
+        # Evidence lost to retractions stays counted in support but backs the belief no more.
+        standing = support - len(old.get("lost_evidence_ids", ()))
         return ReflectionReinforced(
             event_id=f"reinforced:{cycle}:{belief.reflection_id}", user_id=user,
-            reflection_id=old["reflection_id"], cycle_id=cycle, evidence_ids=merged,
-            added_evidence_ids=added, confidence=round(confidence, 6), similarity=round(min(1.0, near[0].score), 6),
+            reflection_id=old["reflection_id"], cycle_id=cycle,
+            evidence_ids=kept_evidence((*previous, *added), config.max_evidence), added_evidence_ids=added,
+            confidence=confidence(standing), support=support, similarity=round(min(1.0, near[0].score), 6),
             occurred_at=request.occurred_at)
     return ReflectionCreated(
         event_id=f"created:{belief.reflection_id}", user_id=user, reflection_id=belief.reflection_id,
-        cycle_id=cycle, text=belief.text[:16000], evidence_ids=evidence_ids, depth=belief.depth,
-        importance=belief.importance, confidence=round(min(1.0, 0.3 + 0.1 * len(evidence_ids)), 6),
-        reasoner=reasoner.name, prompt_version=reasoner.prompt_version, question=question[:2000],
-        occurred_at=request.occurred_at)
+        cycle_id=cycle, text=belief.text[:16000], evidence_ids=kept_evidence(evidence_ids, config.max_evidence),
+        depth=belief.depth, importance=belief.importance, confidence=confidence(len(evidence_ids)),
+        support=len(evidence_ids), reasoner=reasoner.name, prompt_version=reasoner.prompt_version,
+        question=question[:2000], occurred_at=request.occurred_at)

@@ -127,6 +127,7 @@ class ReflectionCreated(Event):
     reasoner: str
     prompt_version: str
     question: str | None = None
+    support: int | None = None  # distinct evidence ever cited (evidence_ids keeps a bounded part)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +139,7 @@ class ReflectionReinforced(Event):
     added_evidence_ids: tuple[str, ...]
     confidence: float
     similarity: float | None = None
+    support: int | None = None  # distinct evidence ever cited, this reinforcement's included
 
 
 @dataclass(frozen=True, kw_only=True)

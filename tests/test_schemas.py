@@ -26,10 +26,10 @@ EXAMPLES = [
     schemas.ReflectionCreated(user_id="alice", reflection_id="r-1", cycle_id="c-1",
                               text="alice's reverted PRs all touched auth", evidence_ids=("ep-1", "ep-2"),
                               depth=1, importance=0.8, confidence=0.6, reasoner="offline",
-                              prompt_version="insights-v1", question="what breaks?"),
+                              prompt_version="insights-v1", question="what breaks?", support=2),
     schemas.ReflectionReinforced(user_id="alice", reflection_id="r-1", cycle_id="c-2",
                                  evidence_ids=("ep-1", "ep-2", "ep-3"), added_evidence_ids=("ep-3",),
-                                 confidence=0.7, similarity=0.93),
+                                 confidence=0.7, similarity=0.93, support=3),
     schemas.ReflectionInvalidated(user_id="alice", reflection_id="r-2", cause="ep-1",
                                   path=("ep-1", "r-1", "r-2"), status="invalid", invalid_at=T, expired_at=T),
     schemas.ReflectionCycleCompleted(user_id="alice", cycle_id="c-1", why="threshold",
@@ -61,6 +61,16 @@ def test_record_round_trips_and_validates_against_its_schema_file(event):
     assert data["type"] == event.TYPE and data["schema_version"] == 1
     required = json.loads(schemas.schema_text("envelope"))["required"]
     assert all(k in data for k in required)
+
+
+@pytest.mark.parametrize("event", [e for e in EXAMPLES if "support" in e.to_dict()], ids=lambda e: e.TYPE)
+def test_support_is_optional_and_counts_at_least_the_citation_floor(event):
+    before = {k: v for k, v in event.to_dict().items() if k != "support"}  # written before support existed
+    assert from_dict(before).support is None
+    for bad in (1, 2.5, "3", -4):
+        with pytest.raises(ContractError) as err:
+            from_dict({**event.to_dict(), "support": bad})
+        assert err.value.field == "support"
 
 
 def test_unknown_optional_fields_are_tolerated_for_forward_compatibility():
