@@ -9,7 +9,10 @@ at once, each mixing those reads with upserts: re-upserts of the read users'
 own points unchanged (writes on the very segments being read, answers
 unchanged) and batches of a new user of its own. Every concurrent answer must equal its
 serial one, and the written users must end as a serial run leaves them.
-Prints the calls made, the mismatches and the errors; exit 1 if any.
+Prints the calls made, the mismatches and the errors; exit 1 if any. Then
+whether a call lets other threads run: the longest the main thread went
+without running while another thread made batched searches, against the
+time one batch takes (equal: the call holds the GIL throughout).
 """
 
 from __future__ import annotations
@@ -138,6 +141,22 @@ def trial(open_view, threads: int, rounds: int, users: int, per_user: int) -> Tr
     return Trial(calls, mismatches, errors, differs, seconds)
 
 
+def gil_held(view, user: str, batches: int = 5) -> tuple[float, float]:
+    """(ms one batched search of 30 vectors takes, longest ms the main thread
+    went without running while another thread made `batches` of them)."""
+    vectors = np.random.default_rng(3).normal(size=(30, DIM)).tolist()
+    began = time.perf_counter()
+    view.search_many(user, vectors, 10)
+    one = time.perf_counter() - began
+    searching = threading.Thread(target=lambda: [view.search_many(user, vectors, 10) for _ in range(batches)])
+    longest, last = 0.0, time.perf_counter()
+    searching.start()
+    while searching.is_alive():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    return one * 1000, longest * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("edge", "local"), default="edge")
@@ -153,9 +172,15 @@ def main() -> int:
             return QdrantView.connect(None, "reflect", DIM, path=str(Path(tmp) / name))
 
         t = trial(open_view, args.threads, args.rounds, args.users, args.points)
-    print(f"{args.engine}: {args.threads} threads × {args.rounds} calls in {t.seconds:.2f} s: {dict(t.calls)}")
-    print(f"mismatched reads: {sum(t.mismatches.values())} {dict(t.mismatches)}; "
-          f"written users differ from serial: {t.differs}; errors: {len(t.errors)} {Counter(t.errors).most_common(3)}")
+        print(f"{args.engine}: {args.threads} threads × {args.rounds} calls in {t.seconds:.2f} s: {dict(t.calls)}")
+        print(f"mismatched reads: {sum(t.mismatches.values())} {dict(t.mismatches)}; written users differ "
+              f"from serial: {t.differs}; errors: {len(t.errors)} {Counter(t.errors).most_common(3)}")
+        if args.engine == "edge":  # local mode holds the GIL by being Python
+            probed = open_view("probed")
+            probed.upsert(points("p", 50_000, 9))
+            print("one batched search over 50k points: %.1f ms; the main thread's longest stall meanwhile: %.1f ms"
+                  % gil_held(probed, "p"))
+            probed.close()
     return 0 if t.clean else 1
 
 
