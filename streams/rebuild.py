@@ -66,7 +66,10 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, ca
                     records.append(accept(m, carries))
                 except ContractError:  # it went to a dead-letter topic when it was first read
                     progress.skipped.append(f"{tp.topic}[{tp.partition}]@{m.offset}")
-            projectors[tp.topic]([r for r in records if isinstance(r, EPISODE_TYPES + REFLECTION_TYPES)])
+            # Off the event loop: embedding and upserts take the time, and the
+            # worker's heartbeats, agents and API go on meanwhile.
+            await asyncio.to_thread(projectors[tp.topic],
+                                    [r for r in records if isinstance(r, EPISODE_TYPES + REFLECTION_TYPES)])
             progress.events += len(messages)
         if not any(batches.values()):
             ends = {tp: max(floor[tp], consumer.highwater(tp) or 0) for tp in parts}
@@ -79,7 +82,7 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, ca
 async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) -> None:
     settings, embedder = runtime.settings, runtime.embedder
     progress.state, progress.started = "running", time.monotonic()
-    fresh = runtime.view.successor()
+    fresh = await asyncio.to_thread(runtime.view.successor)
     progress.old_view, progress.new_view = runtime.view.name, fresh.name
     episodes, reflections = EpisodeProjector(fresh, embedder), ReflectionProjector(fresh, embedder)
     projectors = {settings.topic_episodes: episodes.apply, settings.topic_reflections: reflections.apply}
@@ -97,9 +100,10 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
         async with projection_lock:  # the live projectors wait here, briefly
             progress.state = "swapping"
             await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)
-            fresh.promote()
-            old = runtime.view.swap(fresh)
-        old.drop()
+            await asyncio.to_thread(fresh.promote)
+            # In a thread: the swap waits for the reads in flight on the old view.
+            old = await asyncio.to_thread(runtime.view.swap, fresh)
+        await asyncio.to_thread(old.drop)
         progress.state, progress.seconds = "done", time.monotonic() - progress.started
         log.warning("rebuild: %d events into %s in %.1f s; %s dropped", progress.events, fresh.name,
                     progress.seconds, progress.old_view)
@@ -107,7 +111,7 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
         progress.state, progress.error = "failed", f"{type(exc).__name__}: {exc}"
         progress.seconds = time.monotonic() - progress.started
         log.exception("rebuild failed; the old view keeps serving")
-        fresh.drop()
+        await asyncio.to_thread(fresh.drop)
     finally:
         await consumer.stop()
 

@@ -1,0 +1,35 @@
+"""The HTTP API of `reflect up` and `reflect worker` (DESIGN.md, "HTTP API"),
+one module per resource; each names its routes in `PAGES`.
+
+Writes go through Kafka: they answer 202 once the broker has acknowledged the
+event, and become visible when the projector has applied it. Reads of the
+view run off the event loop (`asyncio.to_thread`): a slow view must not stall
+heartbeats and agents. Errors are `{"error": {"code", "message", "field"?}}`
+with a 4xx status; an unexpected failure is logged and answered as a JSON
+500, never with a trace.
+
+With `api_token` set every route but /healthz wants `Authorization: Bearer
+<token>` (401 otherwise); /healthz stays open because probes carry no
+credentials and it tells nothing but readiness. /metrics is guarded too: it
+names topics and partitions, and Prometheus sends a bearer token
+(`authorization: {credentials_file: …}` in its scrape config). A body over
+`max_request_bytes` is refused with 413 before the handler reads it when
+Content-Length says so, and while it is read otherwise (chunked).
+"""
+
+from __future__ import annotations
+
+from streams.routes import admin, beliefs, episodes, ops, reasoner, recall, reflect, reflections, stats
+from streams.routes.common import Context, Tables
+
+RESOURCES = (ops, episodes, reflect, beliefs, recall, reflections, stats, admin, reasoner)
+
+
+def install(runtime, tables: Tables, episodes_topic, requests_topic) -> None:
+    """Register every route on the runtime's Faust app; handlers find the
+    worker through `app.reflect`."""
+    app = runtime.app
+    app.reflect = Context(runtime, tables, episodes_topic, requests_topic)
+    for resource in RESOURCES:
+        for path, page in resource.PAGES.items():
+            app.page(path)(page)

@@ -1,0 +1,230 @@
+"""What every route shares: JSON errors, the guard in front of the routes,
+query and body parsing, the context handlers reach the worker through, and
+the write path (publish and wait for the broker's acknowledgement)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from faust.web import Request, Response, View
+
+from processors.accumulator import Accumulator
+from processors.freshness import POLICIES, Freshness
+from schemas import ContractError, parse_time
+from streams.rebuild import Progress
+
+log = logging.getLogger("reflect.api")
+OPEN_PATHS = frozenset({"/healthz"})  # probes carry no token
+SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    def body(self) -> dict[str, Any]:
+        error = {"code": self.code, "message": self.message}
+        return {"error": {**error, "field": self.field} if self.field else error}
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The worker's tables the API reads (this worker's partitions)."""
+    accumulators: Any
+    spend: Any
+    cycles_done: Any
+
+
+@dataclass
+class Rebuilding:
+    """The one rebuild this worker may run: its progress and its task."""
+    progress: Progress | None = None
+    task: asyncio.Future | None = None
+
+
+@dataclass
+class Context:
+    """All a handler reaches of the worker; `app.reflect` on its Faust app."""
+    runtime: Any
+    tables: Tables
+    episodes_topic: Any
+    requests_topic: Any
+    rebuilding: Rebuilding = field(default_factory=Rebuilding)
+
+    @property
+    def view(self):
+        return self.runtime.view
+
+    @property
+    def settings(self):
+        return self.runtime.settings
+
+
+def context(view: View) -> Context:
+    return view.app.reflect
+
+
+def answers_json(handler):
+    """Turn every failure of a handler into a JSON error answer."""
+    @functools.wraps(handler)
+    async def wrapped(self: View, request: Request, **kwargs) -> Response:
+        try:
+            return await handler(self, request, **kwargs)
+        except ContractError as exc:
+            error = ApiError(422, "invalid", exc.reason, exc.field)
+        except ApiError as exc:
+            error = exc
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            error = ApiError(500, "internal", "internal error; see the worker's log")
+        return self.json(error.body(), status=error.status)
+    return wrapped
+
+
+def _error_response(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(error.body()), status=error.status, content_type="application/json",
+                        headers=headers)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"the request body is over the limit of {limit} bytes "
+                                      "(REFLECT_MAX_REQUEST_BYTES)", "(body)")
+
+
+def bearer_ok(header: str | None, token: str) -> bool:
+    """Whether an Authorization header carries the token; constant-time, so the
+    answer's timing tells nothing about how much of a guess was right."""
+    scheme, _, given = (header or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def _unauthorized(header: str | None) -> web.Response:
+    challenge = 'Bearer realm="reflect"' + (', error="invalid_token"' if header else "")
+    return _error_response(ApiError(401, "unauthorized", "a valid bearer token is required "
+                                    "(Authorization: Bearer <REFLECT_API_TOKEN>)"),
+                           {"WWW-Authenticate": challenge})
+
+
+def guard(token: str | None, limit: int):
+    """aiohttp middleware in front of every route, Faust's own included: the
+    bearer token, the declared body size, and JSON for the router's errors."""
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if token and request.path not in OPEN_PATHS:
+            header = request.headers.get("Authorization")
+            if not bearer_ok(header, str(token)):
+                return _unauthorized(header)
+        if request.content_length is not None and request.content_length > limit:
+            return _error_response(too_large(limit))
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:  # no route, wrong method: JSON like every other error
+            if exc.status < 400:
+                raise
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return _error_response(ApiError(exc.status, _HTTP_CODES.get(exc.status, "invalid"), exc.reason), allow)
+    return middleware
+
+
+def web_options(settings) -> dict[str, Any]:
+    """faust.App(web_application_options=…): aiohttp's own body limit (what a
+    read of a chunked body stops at) and the guard."""
+    return {"client_max_size": settings.max_request_bytes,
+            "middlewares": [guard(settings.api_token, settings.max_request_bytes)]}
+
+
+async def json_body(request: Request, required: bool = True) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:  # a chunked body ran over client_max_size while read
+        raise too_large(request.client_max_size) from None
+    if not raw.strip():
+        if required:
+            raise ApiError(422, "invalid", "a JSON object body is required", "(body)")
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(422, "invalid", f"body is not JSON: {exc}", "(body)") from None
+    if not isinstance(body, dict):
+        raise ApiError(422, "invalid", "body must be a JSON object", "(body)")
+    return body
+
+
+def known_fields(body: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """The body, if it names no field but `fields`."""
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise ApiError(422, "invalid", f"unknown field (expected {sorted(fields)})", unknown[0])
+    return body
+
+
+def _parsed_query(request: Request, name: str, parse, expected: str) -> tuple[str | None, Any]:
+    """(raw, parsed) of a query parameter, (None, None) if absent; 422 naming it if unparsable."""
+    raw = request.query.get(name)
+    if raw is None:
+        return None, None
+    try:
+        return raw, parse(raw)
+    except ValueError:
+        raise ApiError(422, "invalid", f"must be {expected}, got {raw!r}", name) from None
+
+
+def int_query(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw, value = _parsed_query(request, name, int, "an integer")
+    if raw is None:
+        return default
+    if not low <= value <= high:
+        raise ApiError(422, "invalid", f"must be within {low}..{high}", name)
+    return value
+
+
+def choice_query(request: Request, name: str, options: tuple[str, ...], default: str) -> str:
+    value = request.query.get(name, default)
+    if value not in options:
+        raise ApiError(422, "invalid", f"must be one of {', '.join(options)}, got {value!r}", name)
+    return value
+
+
+def time_query(request: Request, name: str) -> str | None:
+    raw, parsed = _parsed_query(request, name, parse_time, "an RFC 3339 time")
+    if raw is not None and parsed.tzinfo is None:
+        raise ApiError(422, "invalid", "must carry a zone, e.g. 2026-06-01T09:00:00Z", name)
+    return raw
+
+
+def freshness(ctx: Context, user_id: str) -> Freshness:
+    asked = Accumulator.from_dict(ctx.tables.accumulators.get(user_id)).cycles
+    return Freshness(asked, ctx.tables.cycles_done.get(user_id) or 0, user_id in ctx.runtime.running)
+
+
+async def refreshed(ctx: Context, request: Request, user_id: str) -> dict[str, Any]:
+    """Apply the read's refresh policy; what the answer says of its freshness."""
+    policy = choice_query(request, "refresh", POLICIES, ctx.settings.refresh)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    state = freshness(ctx, user_id)
+    while policy == "blocking" and state.due and loop.time() - started < ctx.settings.refresh_timeout:
+        await asyncio.sleep(0.05)  # the reflector marks a cycle done once its events are in the view
+        state = freshness(ctx, user_id)
+    waited = (loop.time() - started) * 1000
+    return state.to_dict(policy, waited, timed_out=policy == "blocking" and bool(state.due))
+
+
+async def publish(topic, event) -> None:
+    try:
+        sent = await asyncio.wait_for(topic.send(key=event.user_id.encode(), value=event.encode()), SEND_TIMEOUT)
+        # Shielded: the 503 gives up waiting, not the send. Cancelling Faust's
+        # future made its publish callback raise when the broker answered late.
+        await asyncio.wait_for(asyncio.shield(sent), SEND_TIMEOUT)
+    except (asyncio.TimeoutError, OSError) as exc:
+        raise ApiError(503, "unavailable", f"the broker did not acknowledge the event: {exc!r}") from None

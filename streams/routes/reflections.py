@@ -1,0 +1,39 @@
+"""Explain a belief: it (any status) with its provenance tree down to the episodes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from faust.web import Request, Response, View
+
+from processors import provenance
+from processors.projector import point_id
+from streams.routes.beliefs import belief
+from streams.routes.common import ApiError, answers_json, context
+
+
+def explained(view, user_id: str, reflection_id: str, max_depth: int) -> dict[str, Any] | None:
+    """The belief and its provenance tree, or None if the user has no such reflection."""
+    def get(kind: str, rid: str):
+        pid = point_id(kind, user_id, rid)
+        found = view.get([pid]).get(pid)
+        return found if found and found.get("user_id") == user_id else None
+
+    found = get("reflection", reflection_id)
+    if found is None:
+        return None
+    return {"belief": belief(found), "provenance": provenance.tree(get, "reflection", reflection_id, max_depth)}
+
+
+class Explain(View):
+    @answers_json
+    async def get(self, request: Request, user_id: str, reflection_id: str) -> Response:
+        ctx = context(self)
+        found = await asyncio.to_thread(explained, ctx.view, user_id, reflection_id, ctx.settings.max_depth + 1)
+        if found is None:
+            raise ApiError(404, "not_found", f"user {user_id} has no reflection {reflection_id}", "reflection_id")
+        return self.json({"user_id": user_id, **found})
+
+
+PAGES = {"/v1/users/{user_id}/reflections/{reflection_id}": Explain}

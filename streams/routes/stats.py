@@ -1,0 +1,37 @@
+"""A user's figures: what the view holds and where the accumulator stands."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+
+from faust.web import Request, Response, View
+
+from processors.accumulator import Accumulator
+from processors.guard import Spend, day_of
+from streams.routes.common import answers_json, context
+
+
+def counts(view, user_id: str) -> dict[str, int]:
+    return {"episodes": view.count(user_id, kind="episode", status="recorded"),
+            "retracted": view.count(user_id, kind="episode", status="retracted"),
+            "reflections": view.count(user_id, kind="reflection")}
+
+
+class Stats(View):
+    @answers_json
+    async def get(self, request: Request, user_id: str) -> Response:
+        ctx = context(self)
+        held = await asyncio.to_thread(counts, ctx.view, user_id)
+        acc = Accumulator.from_dict(ctx.tables.accumulators.get(user_id))
+        spent = Spend.from_dict(ctx.tables.spend.get(f"user:{user_id}"))
+        return self.json({
+            "user_id": user_id, **held,
+            "pending_importance": round(acc.pending, 6),
+            "high_salience": acc.high_salience,
+            "cycles": acc.cycles,
+            "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
+        })
+
+
+PAGES = {"/v1/users/{user_id}/stats": Stats}
