@@ -29,8 +29,7 @@ from schemas import parse_time
 from streams.security import client_options
 from streams.settings import Settings
 
-SOURCE_TOPIC = "__connect.errors.topic"
-STAGE = "__connect.errors.stage"
+ERRORS = "__connect.errors."  # the prefix of processors/dlq.py's headers
 REPLAYED_FROM = "reflect.replayed-from"
 
 REPLAY, FILTERED, FOREIGN = "replay", "filtered", "foreign"
@@ -56,10 +55,6 @@ def instant(raw: str) -> datetime:
     return at
 
 
-def rfc3339(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 @dataclass(frozen=True)
 class DeadLetter:
     topic: str  # the dead-letter topic
@@ -76,24 +71,32 @@ class DeadLetter:
         return cls(record.topic, record.partition, record.offset, record.timestamp, record.key, record.value,
                    headers)
 
+    def error(self, name: str, default: str = "") -> str:
+        return self.headers.get(ERRORS + name, default)
+
     @property
     def source(self) -> str:
-        return self.headers.get(SOURCE_TOPIC, "")
+        return self.error("topic")
 
     @property
     def stage(self) -> str:
-        return self.headers.get(STAGE, "")
+        return self.error("stage")
+
+    @property
+    def at(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp / 1000, timezone.utc)
 
     @property
     def where(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
     def describe(self) -> str:
-        h = self.headers
-        origin = f"{self.source}[{h.get('__connect.errors.partition', '?')}]@{h.get('__connect.errors.offset', '?')}"
-        reason = f"{h.get('__connect.errors.exception.class.name', '?')}: {h.get('__connect.errors.exception.message', '')}"
-        return (f"{self.where} {rfc3339(self.timestamp)} from {origin} key={(self.key or b'').decode('utf-8', 'replace')}"
-                f" stage={self.stage} {reason[:200]}")
+        """One line: where it is, when, where from, whose, and why it was refused."""
+        at = self.at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        origin = f"{self.source}[{self.error('partition', '?')}]@{self.error('offset', '?')}"
+        user = (self.key or b"").decode("utf-8", "replace")
+        reason = f"{self.error('exception.class.name', '?')}: {self.error('exception.message')}"[:200]
+        return f"{self.where} {at} from {origin} key={user} stage={self.stage} {reason}"
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,10 @@ class Selection:
     until: datetime | None = None  # exclusive
 
     def takes(self, letter: DeadLetter) -> bool:
-        at = datetime.fromtimestamp(letter.timestamp / 1000, timezone.utc)
         return ((not self.topics or letter.source in self.topics)
                 and (not self.stages or letter.stage in self.stages)
-                and (self.since is None or at >= self.since)
-                and (self.until is None or at < self.until))
+                and (self.since is None or letter.at >= self.since)
+                and (self.until is None or letter.at < self.until))
 
 
 def dead_letter_topics(settings: Settings) -> dict[str, str]:
@@ -120,14 +122,14 @@ def dead_letter_topics(settings: Settings) -> dict[str, str]:
             settings.topic_reflections: settings.dlq_reflections}
 
 
-def checked(selection: Selection, settings: Settings) -> Selection:
-    """The selection, or SelectionError naming the flag that cannot match."""
+def check(selection: Selection, settings: Settings) -> None:
+    """SelectionError naming the flag whose value can select nothing: a topic
+    Reflect does not read, or an empty time range."""
     sources = dead_letter_topics(settings)
     if unknown := sorted(selection.topics - set(sources)):
         raise SelectionError(f"--topic {', '.join(unknown)}: not one of Reflect's topics ({', '.join(sources)})")
     if selection.since and selection.until and selection.since >= selection.until:
         raise SelectionError("--since must be before --until")
-    return selection
 
 
 def judge(letter: DeadLetter, selection: Selection, sources: Iterable[str]) -> str:
@@ -184,7 +186,7 @@ async def replay(settings: Settings, selection: Selection, *, publish: bool, ver
     selected dead letter, publish them when `publish`, and say the summary.
     Returns the counts by (outcome, source, stage)."""
     routes = dead_letter_topics(settings)
-    checked(selection, settings)
+    check(selection, settings)
     dlqs = {dlq for source, dlq in routes.items() if not selection.topics or source in selection.topics}
     letters = sorted((DeadLetter.of(r) for r in await read_to_end(settings, dlqs, timeout)),
                      key=lambda d: (d.topic, d.partition, d.offset))  # each user's order, as dead-lettered

@@ -18,7 +18,7 @@ from processors.dlq import dead_letter_headers
 from schemas import ContractError
 from streams.cli import main
 from streams.dlq_replay import (FILTERED, FOREIGN, REPLAY, REPLAYED_FROM, DeadLetter, Selection, SelectionError,
-                                checked, instant, judge, read_to_end, summary)
+                                check, instant, judge, read_to_end, summary)
 from streams.settings import Settings
 from streams.topics import ensure_topics
 
@@ -76,9 +76,9 @@ def test_a_source_that_is_not_reflect_s_is_foreign_only_when_selected():
 def test_flags_that_cannot_match_are_refused_naming_the_flag():
     settings = Settings.load(env={})
     with pytest.raises(SelectionError, match="--topic billing: not one of Reflect's topics"):
-        checked(Selection(topics=frozenset({"billing", "episodes"})), settings)
+        check(Selection(topics=frozenset({"billing", "episodes"})), settings)
     with pytest.raises(SelectionError, match="--since must be before --until"):
-        checked(Selection(since=FAILED_AT, until=EARLIER), settings)
+        check(Selection(since=FAILED_AT, until=EARLIER), settings)
 
 
 def test_summary_counts_by_outcome_then_topic_and_stage():
@@ -167,7 +167,7 @@ def test_replay_publishes_the_selected_dead_letters_once_in_effect(settings, wor
 
     out = _reflect(settings, "replay", "--stage", "project", *IN_RANGE)
     assert "replayed 2, skipped 2 by filter, 1 from a topic that is not Reflect's" in out.stdout
-    assert f"its source topic 'billing' is not one of Reflect's" in out.stdout
+    assert "its source topic 'billing' is not one of Reflect's" in out.stdout
     for episode in ("ep-1", "ep-2"):
         wait_for(lambda: "text" in w.get(f"/v1/users/dana/episodes/{episode}"), 30, f"{episode} in the view")
     _wait_consumed(settings)
