@@ -98,7 +98,32 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild")
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
+    dlq = commands.add_parser("dlq", help="the dead letters: list them, replay them after a fix")
+    dlq_cmd = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    dlq_list = dlq_cmd.add_parser("list", parents=[common], help="print the dead letters the filters select")
+    dlq_replay = dlq_cmd.add_parser("replay", parents=[common], help=(
+        "publish the selected dead letters again to the topic they came from (original key and bytes, "
+        "plus a reflect.replayed-from header); safe to repeat: every effect is idempotent by event id, "
+        "so a second replay leaves the view unchanged, and what fails again is dead-lettered again"))
+    dlq_replay.add_argument("--dry-run", action="store_true", help="print what would be replayed, publish nothing")
+    for action in (dlq_list, dlq_replay):
+        action.add_argument("--topic", action="append", default=[], help="source topic (repeatable; default any)")
+        action.add_argument("--stage", action="append", default=[],
+                            help="stage that refused it: decode, project, invalidate, reflect… (repeatable)")
+        action.add_argument("--since", type=_instant, help="dead-lettered at or after this RFC 3339 time")
+        action.add_argument("--until", type=_instant, help="dead-lettered before this RFC 3339 time")
+        action.add_argument("--timeout", type=float, default=30.0,
+                            help="seconds to read the dead-letter topics to their end (default 30)")
     return parser
+
+
+def _instant(raw: str):
+    from streams.dlq_replay import instant
+
+    try:
+        return instant(raw)
+    except ValueError as exc:  # argparse names the flag with this message
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _load(args: argparse.Namespace) -> Settings:
@@ -150,6 +175,8 @@ def _run(args: argparse.Namespace) -> int:
         return _with_broker_errors(settings, _retract(settings, args))
     if args.command == "worker":
         return _worker(settings)
+    if args.command == "dlq":
+        return _dlq(settings, args)
     raise AssertionError(args.command)
 
 
@@ -187,6 +214,24 @@ async def _retract(settings: Settings, args: argparse.Namespace) -> int:
     event = await retract_episode(settings, args.user, args.episode_id, args.reason)
     print(event.event_id)
     return 0
+
+
+def _dlq(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.dlq_replay import ReplayError, Selection, SelectionError, replay
+
+    selection = Selection(frozenset(args.topic), frozenset(args.stage), args.since, args.until)
+    publish = args.dlq_command == "replay" and not args.dry_run
+    verb = "replayed" if publish else "would replay" if args.dlq_command == "replay" else "listed"
+
+    async def run() -> int:
+        await replay(settings, selection, publish=publish, verb=verb, timeout=args.timeout)
+        return 0
+
+    try:
+        return _with_broker_errors(settings, run())
+    except (SelectionError, ReplayError) as exc:
+        print(f"reflect: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, SelectionError) else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
