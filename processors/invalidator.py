@@ -5,15 +5,14 @@ The reverse-provenance index is the view's keyword index on `evidence_ids`
 belief and rebuilt by any replay, so there is no second copy to keep in step.
 Its cost follows the dependents, not the store.
 
-The view can lag the log: a belief may be published, citing an episode that
-is retracted before the belief is projected. So this processor also reads
-every ReflectionCreated / Reinforced: it keeps those the view may not hold
-yet (`pending`, pruned once projected) as extra dependents, and checks each
-against what it knows is gone. That knowledge — gone ids, and its own
-decisions, which the view also learns late — is its own state (a Faust table
-keyed by user, like the topics it reads), so whichever comes first, each
-belief is decided once per lost piece of evidence, and it never waits on
-another agent.
+Every writer of a belief event puts it in the view before publishing it, so
+the view is never behind the log for beliefs. A cycle may still run while a
+retraction is walked (a revalidation or manual cycle is not waited for), and
+publish a belief citing what the walk found gone: this processor also reads
+every ReflectionCreated / Reinforced and checks each against what it knows is
+gone. That knowledge — gone ids, and its own decisions — is its own state (a
+Faust table keyed by user), so whichever comes first, each belief is decided
+once per lost piece of evidence.
 
 That state is bounded per user (`bounded`); what it drops can no longer
 matter, or the bound says what it costs:
@@ -30,10 +29,6 @@ matter, or the bound says what it costs:
   losses, citing what was lost before them, is not invalidated by it: the
   reflector cites only what the view serves, so that takes a view as far
   behind.
-* `pending` is pruned once the view holds a belief as it is, and keeps at most
-  MAX_PENDING newest beliefs: one dropped before the view holds it is found
-  there once it does; a retraction in between misses it, which takes a view
-  MAX_PENDING beliefs of one user behind.
 """
 
 from __future__ import annotations
@@ -48,27 +43,23 @@ from schemas import (EpisodeRetracted, Event, ReflectionCreated, ReflectionInval
                      ReflectionRequested, now, parse_time)
 
 REVALIDATE = uuid.UUID("0b5c1f0e-7c1a-4f57-8d6e-2b9f3b1c8e44")
-PENDING_PRUNE = 64  # pending beliefs a user's state holds before the view is asked which it has
-MAX_PENDING = 1024  # pending beliefs a user's state keeps at most, the newest
 MAX_GONE = 1024  # gone ids a user's state keeps at most, the newest by valid time
 
 
 def empty_state() -> dict[str, Any]:
     # gone: id → {"at": valid time, "erasure": bool}
     # decided: weakened belief id → {"lost", "status", "confidence"} after its last decision
-    # pending: belief id → {"evidence_ids", "depth", "confidence"} seen, maybe not projected yet
-    return {"gone": {}, "decided": {}, "pending": {}}
+    return {"gone": {}, "decided": {}}
 
 
-def bounded(state: dict[str, Any], max_gone: int = MAX_GONE, max_pending: int = MAX_PENDING) -> dict[str, Any]:
+def bounded(state: dict[str, Any], max_gone: int = MAX_GONE) -> dict[str, Any]:
     """The state without what can no longer matter (see the module's docstring)."""
     gone = state["gone"]
     if len(gone) > max_gone:
         gone = dict(sorted(gone.items(), key=lambda item: (parse_time(item[1]["at"]), item[0]))[-max_gone:])
     decided = {rid: d for rid, d in state["decided"].items()
                if not (d["status"] == "invalid" and rid in state["gone"])}
-    pending = dict(list(state["pending"].items())[-max_pending:])
-    return {"gone": gone, "decided": decided, "pending": pending}
+    return {"gone": gone, "decided": decided}
 
 
 def overlay(state: dict[str, Any], rid: str) -> dict[str, Any]:
@@ -85,30 +76,17 @@ def lost_ids(state: dict[str, Any]) -> set[str]:
 
 
 class Invalidator:
-    def __init__(self, view: VectorStore, citation_floor: int, max_depth: int, max_gone: int = MAX_GONE,
-                 max_pending: int = MAX_PENDING) -> None:
-        self.view, self.floor, self.max_depth = view, citation_floor, max_depth
-        self.max_gone, self.max_pending = max_gone, max_pending
+    def __init__(self, view: VectorStore, citation_floor: int, max_depth: int, max_gone: int = MAX_GONE) -> None:
+        self.view, self.floor, self.max_depth, self.max_gone = view, citation_floor, max_depth, max_gone
 
     def _dependents(self, user: str, state: dict[str, Any]):
         def of(record_id: str) -> list[dict[str, Any]]:
-            found = {p["reflection_id"]: p for _, p in self.view.scroll(user, kind="reflection",
-                                                                        evidence_ids=record_id)
-                     if p.get("user_id") == user}
-            for rid, belief in state["pending"].items():
-                if record_id in belief["evidence_ids"]:  # newer than, or missing from, the view
-                    found[rid] = {**found.get(rid, {"status": "live"}), **belief, "reflection_id": rid}
-            # The view learns this processor's decisions late: its own are the truth.
-            return [{**p, **overlay(state, rid)} for rid, p in found.items()]
+            # Sorted: the walk's order decides paths, and must not follow the engine's.
+            found = sorted(((p["reflection_id"], p) for _, p in self.view.scroll(user, kind="reflection",
+                                                                                 evidence_ids=record_id)
+                            if p.get("user_id") == user), key=lambda rp: rp[0])
+            return [{**p, **overlay(state, rid)} for rid, p in found]
         return of
-
-    def _prune(self, user: str, state: dict[str, Any]) -> None:
-        """Forget pending beliefs the view now holds as they are."""
-        pids = {point_id("reflection", user, rid): rid for rid in state["pending"]}
-        held = self.view.get(list(pids))
-        for pid, rid in pids.items():
-            if held.get(pid, {}).get("evidence_ids") == state["pending"][rid]["evidence_ids"]:
-                del state["pending"][rid]
 
     def on_retracted(self, event: EpisodeRetracted, state: dict[str, Any]) -> tuple[list[Event], bool]:
         """Events for a retraction, and whether anything knew the episode at all."""
@@ -120,28 +98,27 @@ class Invalidator:
             return [], known  # redelivered: decided already
         # New, or an episode retracted before and now to be erased as well.
         state["gone"][cause] = {"at": state["gone"].get(cause, {}).get("at", event.occurred_at), "erasure": erasure}
-        self._prune(user, state)
         seeds = [(cause, p) for p in self._dependents(user, state)(cause)]
         out = self._decide(user, cause, seeds, state)
-        state.update(bounded(state, self.max_gone, self.max_pending))
+        state.update(bounded(state, self.max_gone))
+        state.pop("pending", None)  # what state written before beliefs reached the view first held
         return out, known or bool(seeds)
 
     def on_belief(self, event: ReflectionCreated | ReflectionReinforced, state: dict[str, Any]) -> list[Event]:
-        """Remember a belief the view may not hold yet; decide it now if it
-        arrives citing what is already gone."""
-        rid = event.reflection_id
-        if len(state["pending"]) >= PENDING_PRUNE:
-            self._prune(event.user_id, state)
-        before = state["pending"].pop(rid, {})  # and back in as the newest
-        state["pending"][rid] = {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence,
-                                 "depth": getattr(event, "depth", None) or before.get("depth", 1)}
+        """Decide a belief that reached the log citing what is already gone, as
+        the view holds it now (its writer put it there first)."""
+        rid, user = event.reflection_id, event.user_id
         decided = state["decided"].get(rid, {})
         lost = [e for e in event.evidence_ids if e in state["gone"] and e not in decided.get("lost", ())]
-        out = []
-        if lost and rid not in state["gone"]:  # an invalid belief's id is in gone
-            payload = {"reflection_id": rid, "status": "live", **state["pending"][rid], **overlay(state, rid)}
-            out = self._decide(event.user_id, lost[0], [(lost[0], payload)], state)
-        state.update(bounded(state, self.max_gone, self.max_pending))
+        if not lost or rid in state["gone"]:  # an invalid belief's id is in gone
+            return []
+        pid = point_id("reflection", user, rid)
+        held = self.view.get([pid]).get(pid) or {"evidence_ids": list(event.evidence_ids),
+                                                  "confidence": event.confidence, "depth": getattr(event, "depth", 1)}
+        payload = {"status": "live", **held, "reflection_id": rid, **overlay(state, rid)}
+        out = self._decide(user, lost[0], [(lost[0], payload)], state)
+        state.update(bounded(state, self.max_gone))
+        state.pop("pending", None)
         return out
 
     def _decide(self, user: str, cause: str, seeds, state: dict[str, Any]) -> list[Event]:
@@ -169,7 +146,7 @@ class Invalidator:
 
     def _revalidation(self, user: str, d: Decision, cause: str, at: str, state) -> ReflectionRequested:
         beliefs = self.view.get([point_id("reflection", user, e) for e in d.surviving])
-        is_belief = {e for e in d.surviving if point_id("reflection", user, e) in beliefs or e in state["pending"]}
+        is_belief = {e for e in d.surviving if point_id("reflection", user, e) in beliefs}
         cycle = f"{user}:revalidate:{uuid.uuid5(REVALIDATE, f'{d.reflection_id}:{cause}')}"
         return ReflectionRequested(
             event_id=f"request:{cycle}", user_id=user, cycle_id=cycle, why="revalidation", occurred_at=at,

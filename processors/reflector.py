@@ -19,7 +19,7 @@ from processors.failures import transient
 from processors.projector import point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
-from processors.view import VectorStore
+from processors.view import Hit, VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
                      ReflectionRequested, parse_time)
 
@@ -40,6 +40,15 @@ class CycleConfig:
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
 
 
+TIE_MARGIN = 2  # over-fetch: the engine orders equal scores by storage, which batches change
+
+
+def top(hits: Sequence[Hit], k: int) -> list[Hit]:
+    """The k best by score, equal scores by id: the same k whatever the
+    view's segment layout (near-identical texts score exactly alike)."""
+    return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
+
+
 def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int, at: str,
                 cycle_id: str) -> list[list[Candidate]]:
     """Per question vector: episodes and live beliefs of this user near it that
@@ -54,9 +63,11 @@ def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int
     asks for as many more as the view holds of them, so what is left is the
     same top k the first run saw."""
     own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
-    episodes = view.search_many(user_id, vectors, k, before=at, kind="episode", status="recorded")
-    beliefs = view.search_many(user_id, vectors, k + own, before=at, kind="reflection", status="live")
-    beliefs = [[h for h in b if h.payload.get("cycle_id") != cycle_id][:k] for b in beliefs]
+    episodes = view.search_many(user_id, vectors, TIE_MARGIN * k, before=at, kind="episode", status="recorded")
+    beliefs = view.search_many(user_id, vectors, TIE_MARGIN * k + own, before=at, kind="reflection",
+                               status="live")
+    episodes = [top(e, k) for e in episodes]
+    beliefs = [top([h for h in b if h.payload.get("cycle_id") != cycle_id], k) for b in beliefs]
     return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
                        float(p.get("importance", 0.0)), p["occurred_at"], int(p.get("depth", 0)), h.score)
              for h in e + b for p in [h.payload]
@@ -245,7 +256,7 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
     evidence_ids = tuple(c.id for c in belief.evidence)
     # Only a belief of the same depth can be reinforced: merging evidence across
     # levels would make a belief cite itself or misstate its depth.
-    near = [h for h in view.search(user, vector, 5, kind="reflection", status="live")
+    near = [h for h in top(view.search(user, vector, 5 * TIE_MARGIN, kind="reflection", status="live"), 5)
             if h.score >= config.duplicate_cosine and h.payload.get("user_id") == user
             and int(h.payload.get("depth", 1)) == belief.depth]
     if near:

@@ -169,22 +169,20 @@ def test_a_belief_projected_from_its_created_event_counts_its_support():
 
 # ------------------------------------------------------------------ the invalidator's state
 
-def test_bounded_state_keeps_the_newest_gone_the_weakened_decisions_and_the_newest_pending():
+def test_bounded_state_keeps_the_newest_gone_and_the_weakened_decisions():
     state = {"gone": {f"e{i}": {"at": f"2026-12-01T09:00:{59 - i:02d}Z", "erasure": False} for i in range(6)},
              "decided": {"e1": {"lost": ["e0"], "status": "invalid", "confidence": 0.0},
-                         "w": {"lost": ["e5"], "status": "live", "confidence": 0.4}},
-             "pending": {f"p{i}": {"evidence_ids": ["a", "b"], "confidence": 0.5, "depth": 1} for i in range(5)}}
-    kept = bounded(state, max_gone=3, max_pending=2)
+                         "w": {"lost": ["e5"], "status": "live", "confidence": 0.4}}}
+    kept = bounded(state, max_gone=3)
     assert list(kept["gone"]) == ["e2", "e1", "e0"]  # the newest by valid time, oldest first
     assert kept["decided"] == {"w": state["decided"]["w"]}  # e1 is invalid: gone says so
-    assert list(kept["pending"]) == ["p3", "p4"]
     assert lost_ids(kept) == {"e0", "e1", "e2", "e5"}  # what w lost stays lost
 
 
 def test_the_invalidator_state_stays_bounded_over_many_retractions_and_decides_as_before(view):
     embedder = HashingEmbedder()
     episodes, beliefs = EpisodeProjector(view, embedder), ReflectionProjector(view, embedder)
-    invalidator, state = Invalidator(view, citation_floor=2, max_depth=2, max_gone=20, max_pending=10), empty_state()
+    invalidator, state = Invalidator(view, citation_floor=2, max_depth=2, max_gone=20), empty_state()
 
     def flow(out):
         beliefs.apply([e for e in out if isinstance(e, ReflectionInvalidated)])
@@ -195,22 +193,21 @@ def test_the_invalidator_state_stays_bounded_over_many_retractions_and_decides_a
         episodes.apply([event])
         return flow(invalidator.on_retracted(event, state)[0])
 
-    def belief(rid, evidence, project):
+    def belief(rid, evidence):
         event = ReflectionCreated(user_id="ann", reflection_id=rid, cycle_id="ann:1", text=f"belief {rid}",
                                   evidence_ids=tuple(evidence), depth=1, importance=0.5, confidence=0.6,
                                   reasoner="offline", prompt_version="v1")
-        if project:
-            beliefs.apply([event])
+        beliefs.apply([event])  # its writer puts it in the view before the log
         return flow(invalidator.on_belief(event, state))
 
     episodes.apply([EpisodeRecorded(user_id="ann", episode_id=e, text=f"episode {e}", importance=0.5)
                     for e in ("a", "b", "c", *(f"x{i}" for i in range(200)), *(f"y{i}" for i in range(200)))])
-    belief("w", ["a", "b", "c"], project=True)
+    belief("w", ["a", "b", "c"])
     assert retract("a") == {"w": "weakened"}
     for i in range(200):
-        belief(f"v{i}", [f"x{i}", f"y{i}"], project=i % 2 == 0)  # half of them the view does not hold yet
+        belief(f"v{i}", [f"x{i}", f"y{i}"])
         assert retract(f"x{i}") == {f"v{i}": "invalid"}
-        assert len(state["gone"]) <= 20 and len(state["pending"]) <= 10 and list(state["decided"]) == ["w"]
+        assert len(state["gone"]) <= 20 and list(state["decided"]) == ["w"]
     assert "a" not in state["gone"]
     assert retract("b") == {"w": "invalid"}  # a still counts as lost: only c survives
     assert retract("a") == {} and retract("x0") == {}  # redelivered long after: decided already

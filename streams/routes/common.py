@@ -21,7 +21,7 @@ from schemas import ContractError, parse_time
 from streams.rebuild import Progress
 
 log = logging.getLogger("reflect.api")
-OPEN_PATHS = frozenset({"/healthz"})  # probes carry no token
+OPEN_PATHS = frozenset({"/healthz", "/livez"})  # probes carry no token
 SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 

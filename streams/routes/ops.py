@@ -9,13 +9,28 @@ from streams.routes.common import answers_json, context
 
 
 class Health(View):
+    """Readiness: 503 while partitions are assigned and tables recover from
+    their changelogs (reads would answer from empty state), and while a
+    pipeline stage waits on a dependency (degraded: its partitions do not
+    advance, and it says which stage, since when and why)."""
+
     @answers_json
     async def get(self, request: Request) -> Response:
-        # Ready once partitions are assigned and tables recovered from their
-        # changelogs: before that, reads would answer from empty state.
         if self.app.rebalancing or not self.app.tables.recovery.completed.is_set():
             return self.json({"status": "starting"}, status=503)
+        stalled = context(self).runtime.health.degraded()
+        if stalled:
+            return self.json({"status": "degraded", "stalled": stalled}, status=503)
         return self.json({"status": "ok"})
+
+
+class Live(View):
+    """Liveness: the worker's loop answers. A degraded worker is alive: a
+    restart would not bring its view back, only cost a rebalance."""
+
+    @answers_json
+    async def get(self, request: Request) -> Response:
+        return self.json({"status": "alive"})
 
 
 class Metrics(View):
@@ -26,4 +41,4 @@ class Metrics(View):
         return self.bytes(text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-PAGES = {"/healthz": Health, "/metrics": Metrics}
+PAGES = {"/healthz": Health, "/livez": Live, "/metrics": Metrics}

@@ -1,0 +1,135 @@
+"""The same log gives the same beliefs: one history streamed twice — in batches
+of 256 at once, and in batches of 5 with the worker stopped mid-stream and
+restarted — ends with the same beliefs (ids, texts, evidence, depth,
+confidence, status) and the same episodes in the view.
+
+Several cycles a user, beliefs over beliefs, and a retraction of an episode
+beliefs cite: what used to make the outcome depend on timing (the reflector
+polling the view, beliefs reaching the accumulator's window at a point of the
+episode stream that depends on timing, a retraction racing a cycle).
+
+    python -m pytest tests/test_determinism.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from conftest import wait_for
+from processors.accumulator import Accumulator, Trigger, admit
+from schemas import EpisodeRetracted
+from streams.producer import Publisher
+from streams.topics import ensure_topics
+from test_faults_crash import (Workers, beliefs_of, episode_stream, episodes_of, make_settings, read_events,
+                               users_by_partition, view_snapshot)
+
+pytestmark = pytest.mark.integration
+
+PER_USER, THRESHOLD, MIN_EPISODES = 120, 15.0, 10
+RETRACT_AFTER = 70  # each user retracts its episode 6 (an auth revert) after its 70th episode
+
+
+def history(users) -> list:
+    stream = episode_stream(users, PER_USER)
+    at = len(users) * RETRACT_AFTER
+    retractions = [EpisodeRetracted(user_id=u, episode_id=f"{u}-6", reason="incorrect",
+                                    occurred_at="2026-06-01T10:10:30Z") for u in users]
+    return stream[:at] + retractions + stream[at:]
+
+
+def as_set(payload: dict) -> dict:
+    """Evidence compared as a set: what a belief rests on, not the order a
+    reasoner listed it in (which ties in a rerank may change)."""
+    return {**payload, "evidence_ids": sorted(payload.get("evidence_ids", ())),
+            "lost_evidence_ids": sorted(payload.get("lost_evidence_ids", ()))}
+
+
+def cycles_asked(events, users) -> dict[str, int]:
+    trigger, accs = Trigger(THRESHOLD, MIN_EPISODES), {u: Accumulator() for u in users}
+    for e in events:
+        accs[e.user_id], _ = admit(accs[e.user_id], e, trigger)
+    return {u: acc.cycles for u, acc in accs.items()}
+
+
+async def publish(settings, events) -> None:
+    async with Publisher(settings) as publisher:
+        for event in events:
+            await publisher.publish(event, wait=False)
+        await publisher.flush()
+
+
+def settled(worker, settings, events, users) -> bool:
+    """Every episode in the view, every cycle asked done, and every request on
+    the log answered by its audit event."""
+    asked, recorded = cycles_asked(events, users), {u: 0 for u in users}
+    retracted = {e.user_id for e in events if isinstance(e, EpisodeRetracted)}
+    for e in events:
+        recorded[e.user_id] += not isinstance(e, EpisodeRetracted)
+    for u in users:
+        stats = worker.stats(u)
+        if (stats.get("episodes"), stats.get("retracted"), stats.get("cycles")) != \
+                (recorded[u] - (u in retracted), int(u in retracted), asked[u]):
+            return False
+    requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)}
+    completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
+                 if e["type"] == "ReflectionCycleCompleted"}
+    return requests <= completed
+
+
+def run(broker, tmp, name: str, batch: int, restart_at: int | None) -> dict:
+    settings = make_settings(broker.url, tmp / name, threshold=THRESHOLD, min_episodes=MIN_EPISODES,
+                             projector_batch=batch, session_timeout=6.0)
+    users = users_by_partition(2, settings.partitions)
+    events = history(users)
+    asyncio.run(ensure_topics(settings))
+    (tmp / name).mkdir(parents=True, exist_ok=True)
+    workers = Workers(tmp / name)
+    started = time.monotonic()
+    try:
+        worker = workers.start(settings)
+        if restart_at is None:
+            asyncio.run(publish(settings, events))
+        else:
+            asyncio.run(publish(settings, events[:restart_at]))
+            wait_for(lambda: sum(worker.stats(u).get("episodes", 0) for u in users) >= restart_at // 3, 60,
+                     "a third of the first part in the view")
+            worker.stop()  # mid-stream: batches in flight, cycles asked and not yet run
+            worker = workers.start(settings)
+            asyncio.run(publish(settings, events[restart_at:]))
+        wait_for(lambda: settled(worker, settings, events, users), 180, f"{name}: the whole history settled")
+    finally:
+        workers.stop_all()
+    snapshot = view_snapshot(settings, users)
+    beliefs = {u: {rid: as_set(p) for rid, p in held.items()} for u, held in beliefs_of(snapshot).items()}
+    print(f"{name}: {sum(map(len, beliefs.values()))} beliefs in {time.monotonic() - started:.1f} s")
+    return {"beliefs": beliefs, "episodes": episodes_of(snapshot),
+            "created": {e["reflection_id"]: e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
+                        if e["type"] == "ReflectionCreated"}}
+
+
+def differences(one: dict, other: dict) -> dict:
+    """Per belief id, what differs (for the failure message)."""
+    out = {}
+    for rid in sorted(one.keys() | other.keys()):
+        a, b = one.get(rid, {}), other.get(rid, {})
+        if a != b:
+            out[rid] = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+    return out
+
+
+def test_the_same_history_gives_the_same_beliefs_whatever_the_batches_and_a_restart(broker, tmp_path):
+    once = run(broker, tmp_path, "at-once", batch=256, restart_at=None)
+    again = run(broker, tmp_path, "small-batches-restarted", batch=5, restart_at=8 * 50)
+    beliefs = once["beliefs"]
+    assert sum(map(len, beliefs.values())) >= 8 * 3, "too few beliefs for the comparison to mean much"
+    assert any(p["depth"] == 2 for b in beliefs.values() for p in b.values()), "no belief over beliefs"
+    assert any(p["status"] != "live" or p.get("lost_evidence_ids") for b in beliefs.values() for p in b.values()), \
+        "the retraction changed no belief"
+    for user, held in beliefs.items():
+        diff = differences(held, again["beliefs"][user])
+        assert not diff, "\n".join([user, *(f"{rid}: {d}" for rid, d in diff.items())])
+    assert again["episodes"] == once["episodes"]
+    assert again["created"] == once["created"]  # and each belief was made by the same cycle
