@@ -323,7 +323,8 @@ def test_worker_deployment_probes_resources_and_settings():
     assert {"readinessProbe", "livenessProbe"} <= set(probes)
     for name, probe in probes.items():
         get = probe["httpGet"]
-        assert get["path"] == HEALTHZ, name
+        # Liveness must not fail while the worker waits on the view (degraded).
+        assert get["path"] == ("/livez" if name == "livenessProbe" else HEALTHZ), name
         assert ports.get(get["port"], get["port"]) == settings.web_port, name
     assert {"cpu", "memory"} <= set(worker["resources"]["requests"])
     assert "memory" in worker["resources"]["limits"]

@@ -65,13 +65,14 @@ def settled(worker, settings, events, users) -> bool:
     """Every episode in the view, every cycle asked done, and every request on
     the log answered by its audit event."""
     asked, recorded = cycles_asked(events, users), {u: 0 for u in users}
-    retracted = {e.user_id for e in events if isinstance(e, EpisodeRetracted)}
+    retracted = {u: len({e.episode_id for e in events if isinstance(e, EpisodeRetracted) and e.user_id == u})
+                 for u in users}
     for e in events:
         recorded[e.user_id] += not isinstance(e, EpisodeRetracted)
     for u in users:
         stats = worker.stats(u)
         if (stats.get("episodes"), stats.get("retracted"), stats.get("cycles")) != \
-                (recorded[u] - (u in retracted), int(u in retracted), asked[u]):
+                (recorded[u] - retracted[u], retracted[u], asked[u]):
             return False
     requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)}
     completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)

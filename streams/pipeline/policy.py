@@ -113,7 +113,7 @@ class Policy:
             metrics.stalled(stage, True)
             log.error("%s stalled: %s; retrying with backoff, the partition waits (nothing is "
                       "committed past it)", stage, redacted(error), extra={"stage": stage})
-        stall.error, stall.attempts = f"{type(error).__name__}: {redacted(error)}"[:500], attempt + 1
+        stall.error, stall.attempts = redacted(error)[:500], attempt + 1
 
     async def apply(self, stage: str, apply: Callable[[list], Any], items: Sequence[tuple[Any, Any]]) -> list:
         """Apply `apply` (blocking, run off the event loop) to the records of
