@@ -43,17 +43,20 @@ class Accumulator:
     cycles: int = 0
     last_cycle_at: str | None = None
     recent: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    asked: int = 0  # requests forwarded so far, of every kind: the last one's sequence
+    forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy
         # of 100 of them per user per batch was 29% of the worker's CPU).
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent)}
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent),
+                                                                         "forwarded": list(self.forwarded)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
         if not data:
             return cls()
-        return cls(**{**data, "recent": tuple(data.get("recent", ()))})
+        return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ()))})
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)
@@ -67,6 +70,8 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
     """Fold one event into the user's accumulator; maybe ask for a cycle."""
     if isinstance(event, EpisodeRetracted):
         return replace(acc, recent=tuple(r for r in acc.recent if r["id"] != event.episode_id)), None
+    if isinstance(event, ReflectionRequested):
+        return forward(acc, event)
     if not isinstance(event, EpisodeRecorded) or acc.holds(event.episode_id):
         return acc, None
     record = {"id": event.episode_id, "kind": "episode", "occurred_at": event.occurred_at}
@@ -94,6 +99,28 @@ def admit_all(current: Callable[[str], Accumulator], events: Iterable[Event],
     return changed, requests
 
 
+FORWARDED = 16  # manual cycle ids remembered: a redelivered one is not forwarded twice
+
+
+def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested | None]:
+    """A manual request, in stream order: with the window as of here and its
+    sequence. The pending sum stays: a manual cycle is one more, not a threshold."""
+    if manual.cycle_id in acc.forwarded:
+        return acc, None
+    acc = replace(acc, forwarded=(*acc.forwarded, manual.cycle_id)[-FORWARDED:])
+    return number(acc, replace(manual, window_episode_ids=_window(acc), window_reflection_ids=()))
+
+
+def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
+    """The request with the user's next sequence number."""
+    acc = replace(acc, asked=acc.asked + 1)
+    return acc, replace(request, sequence=acc.asked)
+
+
+def _window(acc: Accumulator) -> tuple[str, ...]:
+    return tuple(r["id"] for r in acc.recent if r["kind"] == "episode")
+
+
 def fire(acc: Accumulator, user_id: str, why: str, at: str) -> tuple[Accumulator, ReflectionRequested]:
     """Emit a request and reset the pending sum, whatever the cycle will do."""
     cycles = acc.cycles + 1
@@ -104,7 +131,6 @@ def fire(acc: Accumulator, user_id: str, why: str, at: str) -> tuple[Accumulator
         occurred_at=at,
         # The window travels by id: the cycle reflects on what fired it even
         # when it runs later, and a replay asks the same question.
-        window_episode_ids=tuple(r["id"] for r in acc.recent if r["kind"] == "episode"),
-        window_reflection_ids=tuple(r["id"] for r in acc.recent if r["kind"] == "reflection"),
+        window_episode_ids=_window(acc), window_reflection_ids=(),  # beliefs: the reflector's, from the view
     )
-    return replace(acc, pending=0.0, cycles=cycles, last_cycle_at=at), request
+    return number(replace(acc, pending=0.0, cycles=cycles, last_cycle_at=at), request)

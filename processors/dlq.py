@@ -9,7 +9,9 @@ from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, Event, Re
 
 
 # The event types each topic carries; anything else there is bad input.
-ON_EPISODES = (EpisodeRecorded, EpisodeRetracted)
+# A manual ReflectionRequested rides on the user's episodes partition, so the
+# accumulator forwards it in stream order (processors/accumulator.py).
+ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested)
 ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted)
 ON_REQUESTS = (ReflectionRequested,)
 
@@ -27,6 +29,9 @@ def accept(message, carries: dict[str, tuple[type, ...]]) -> Event:
     record = decode(message.value)
     if not isinstance(record, carries[message.topic]):
         raise ContractError("type", f"{record.TYPE} does not belong on {message.topic}")
+    if isinstance(record, ReflectionRequested) and EpisodeRecorded in carries[message.topic] \
+            and record.why != "manual":  # the others are made from this topic, never put on it
+        raise ContractError("why", f"only a manual request belongs on {message.topic}")
     if message.key != record.user_id.encode():
         raise ContractError("(key)", f"the message key must be the user_id {record.user_id!r}")
     return record

@@ -112,6 +112,7 @@ class ReflectionRequested(Event):
     evidence_ids: tuple[str, ...] | None = None
     window_episode_ids: tuple[str, ...] | None = None
     window_reflection_ids: tuple[str, ...] | None = None
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,9 +87,7 @@ def create_app(settings: Settings) -> Runtime:
     async def close_view(app, **kwargs) -> None:
         view.close()
 
-    tables = runtime.tables
-    api.install(runtime, api.Tables(tables.accumulators, tables.spend, tables.cycles_done), outlets.episodes,
-                outlets.requests)
+    api.install(runtime)
     return runtime
 
 

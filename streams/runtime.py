@@ -36,7 +36,7 @@ class Tables:
     accumulators: Any  # user → Accumulator.to_dict(): the trigger and the recent window
     provenance: Any  # user → the invalidator's state (processors/invalidator.py)
     spend: Any  # "user:<id>" / "partition:<n>" → Spend.to_dict(): tokens spent today
-    cycles_done: Any  # user → the last threshold cycle whose events are in the view
+    requests_done: Any  # user → the sequence number of the last request whose cycle is done and in the view
 
     @classmethod
     def of(cls, app: faust.App, partitions: int) -> "Tables":
@@ -45,7 +45,7 @@ class Tables:
         return cls(app.Table("accumulators", default=dict, partitions=partitions),
                    app.Table("invalidator", default=dict, partitions=partitions),
                    app.Table("reasoner-spend", default=dict, partitions=partitions),
-                   app.Table("cycles-done", default=int, partitions=partitions))
+                   app.Table("requests-done", default=int, partitions=partitions))
 
 
 def write(table, partition: int, key: str, value: Any) -> None:

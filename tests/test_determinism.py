@@ -3,10 +3,12 @@ of 256 at once, and in batches of 5 with the worker stopped mid-stream and
 restarted — ends with the same beliefs (ids, texts, evidence, depth,
 confidence, status) and the same episodes in the view.
 
-Several cycles a user, beliefs over beliefs, and a retraction of an episode
-beliefs cite: what used to make the outcome depend on timing (the reflector
-polling the view, beliefs reaching the accumulator's window at a point of the
-episode stream that depends on timing, a retraction racing a cycle).
+Several cycles a user, beliefs over beliefs, two retractions of episodes
+beliefs cite and a manual cycle between them: what used to make the outcome
+depend on timing (the reflector polling the view, beliefs reaching the
+accumulator's window at a point of the stream that depends on timing, a
+retraction racing a cycle, a manual request reading whatever window was
+current).
 
     python -m pytest tests/test_determinism.py -s
 """
@@ -20,7 +22,7 @@ import pytest
 
 from conftest import wait_for
 from processors.accumulator import Accumulator, Trigger, admit
-from schemas import EpisodeRetracted
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
 from streams.producer import Publisher
 from streams.topics import ensure_topics
 from test_faults_crash import (Workers, beliefs_of, episode_stream, episodes_of, make_settings, read_events,
@@ -29,15 +31,22 @@ from test_faults_crash import (Workers, beliefs_of, episode_stream, episodes_of,
 pytestmark = pytest.mark.integration
 
 PER_USER, THRESHOLD, MIN_EPISODES = 120, 15.0, 10
-RETRACT_AFTER = 70  # each user retracts its episode 6 (an auth revert) after its 70th episode
 
 
 def history(users) -> list:
-    stream = episode_stream(users, PER_USER)
-    at = len(users) * RETRACT_AFTER
-    retractions = [EpisodeRetracted(user_id=u, episode_id=f"{u}-6", reason="incorrect",
-                                    occurred_at="2026-06-01T10:10:30Z") for u in users]
-    return stream[:at] + retractions + stream[at:]
+    """Each user: a retraction of its episode 6 (an auth revert beliefs cite)
+    after its 70th episode, a manual cycle after its 95th, and a retraction of
+    its episode 24 right after it, which revalidation cycles of the first
+    retraction and the manual cycle race unless they are ordered."""
+    stream, n = episode_stream(users, PER_USER), len(users)
+
+    def each(make):
+        return [make(u) for u in users]
+    first = each(lambda u: EpisodeRetracted(user_id=u, episode_id=f"{u}-6", occurred_at="2026-06-01T10:10:30Z"))
+    asked = each(lambda u: ReflectionRequested(event_id=f"request:{u}:manual:m1", user_id=u, why="manual",
+                                               cycle_id=f"{u}:manual:m1", occurred_at="2026-06-01T10:35:30Z"))
+    second = each(lambda u: EpisodeRetracted(user_id=u, episode_id=f"{u}-24", occurred_at="2026-06-01T10:35:40Z"))
+    return stream[:70 * n] + first + stream[70 * n:96 * n] + asked + second + stream[96 * n:]
 
 
 def as_set(payload: dict) -> dict:
@@ -68,7 +77,7 @@ def settled(worker, settings, events, users) -> bool:
     retracted = {u: len({e.episode_id for e in events if isinstance(e, EpisodeRetracted) and e.user_id == u})
                  for u in users}
     for e in events:
-        recorded[e.user_id] += not isinstance(e, EpisodeRetracted)
+        recorded[e.user_id] += isinstance(e, EpisodeRecorded)
     for u in users:
         stats = worker.stats(u)
         if (stats.get("episodes"), stats.get("retracted"), stats.get("cycles")) != \

@@ -154,7 +154,7 @@ def test_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(settings, worker):
         orjson.dumps({**good, "schema_version": 9}),                    # future version
         orjson.dumps({**good, "type": "SomethingElse"}),                # unknown type
         orjson.dumps(good).replace(b'"text":"fine"', b'"text":"\xff\xfe"'),  # non-UTF-8 text
-        orjson.dumps({**good, "type": "ReflectionRequested", "cycle_id": "c", "why": "manual"}),
+        orjson.dumps({**good, "type": "ReflectionRequested", "cycle_id": "c", "why": "revalidation"}),
     ]
     run(_produce_raw(settings, [*bad, orjson.dumps(good)]))
     wait_for(lambda: w.get("/v1/users/mallory/episodes/fine").get("text") == "fine", 30, "the good event")
@@ -162,7 +162,7 @@ def test_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(settings, worker):
     letters = run(_read_all(settings, settings.dlq_episodes, len(bad)))
     assert sorted(m.value for m in letters) == sorted(bad)  # original bytes, each exactly once
     fields = sorted(dict(m.headers)["reflect.errors.field"].decode() for m in letters)
-    assert fields == sorted(["(payload)", "importance", "schema_version", "type", "text", "type"])
+    assert fields == sorted(["(payload)", "importance", "schema_version", "type", "text", "why"])
     for m in letters:
         headers = dict(m.headers)
         assert headers["__connect.errors.topic"].decode() == settings.topic_episodes

@@ -33,9 +33,8 @@ from referencing import Registry, Resource
 
 import schemas
 from conftest import Worker, committed_offsets, read_topic, run, wait_for
-from processors.projector import EPISODE_TYPES
 from schemas import ContractError, decode
-from processors.dlq import ON_REFLECTIONS
+from processors.dlq import ON_EPISODES, ON_REFLECTIONS
 from streams.broker import free_port
 from streams.settings import Settings
 from streams.topics import ensure_topics
@@ -208,7 +207,7 @@ def test_the_deepest_event_decode_accepts_is_stored_read_and_served(tmp_path):
 
 # ------------------------------------------------------------------ the broker side
 
-ACCEPTS = {"episodes": EPISODE_TYPES, "reflections": ON_REFLECTIONS, "requests": (schemas.ReflectionRequested,)}
+ACCEPTS = {"episodes": ON_EPISODES, "reflections": ON_REFLECTIONS, "requests": (schemas.ReflectionRequested,)}
 
 
 @dataclass
@@ -233,6 +232,8 @@ def judged(label: str, kind: str, value: bytes, key: bytes | None = b"mallory", 
         return Sent(label, kind, key, value, error.field, source=source)
     if not isinstance(record, ACCEPTS[kind]):
         return Sent(label, kind, key, value, "type", source=source)
+    if kind == "episodes" and isinstance(record, schemas.ReflectionRequested) and record.why != "manual":
+        return Sent(label, kind, key, value, "why", source=source)  # only the user's agent asks there
     return Sent(label, kind, key, value, None, record, source=source)
 
 
@@ -270,7 +271,8 @@ def named_corpus() -> list[Sent]:
         ("metadata 200 deep", orjson.dumps({**good, "metadata": nested(200)})),
         ("metadata 1000 deep", with_metadata(good, nested_bytes(1000, "list"))),
         ("arrays 3000 deep", b"[" * 3000 + b"]" * 3000),
-        ("a request on episodes", schemas.ReflectionRequested(user_id="mallory", cycle_id="c", why="manual").encode()),
+        ("a threshold request on episodes",
+         schemas.ReflectionRequested(user_id="mallory", cycle_id="c", why="threshold").encode()),
         ("a belief on episodes", orjson.dumps({**BASES[3], "user_id": "mallory"})),
     ]
     corpus = [judged(label, "episodes", value) for label, value in broken]

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 from processors.accumulator import WINDOW, Accumulator, Trigger, admit, admit_all
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Candidate, Insight, judge, reflection_id, rerank
-from schemas import EpisodeRecorded, EpisodeRetracted, decode
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested, decode
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
 
@@ -150,3 +150,25 @@ def test_offline_questions_follow_importance_not_only_frequency():
     assert "auth" in questions[0] or "reverted" in questions[0]
     questions, _ = OfflineReasoner().questions(statements, 1)
     assert "cleanup" in questions[0] or "merged" in questions[0] or "routine" in questions[0]
+
+
+def manual(cycle: str) -> ReflectionRequested:
+    return ReflectionRequested(user_id="u", cycle_id=f"u:manual:{cycle}", why="manual",
+                               occurred_at="2026-12-01T12:00:00Z")
+
+
+def test_every_request_gets_the_user_s_next_sequence_in_stream_order():
+    trigger = Trigger(threshold=3.0, min_episodes=2, salience_cut=0.5)
+    acc, requests = feed(Accumulator(), [ep(0, 0.9), ep(1, 0.9), manual("a"), ep(2, 0.9), ep(3, 0.9)], trigger)
+    assert [(r.why, r.sequence) for r in requests] == [("manual", 1), ("threshold", 2)]
+    assert requests[0].window_episode_ids == ("e0", "e1")  # the window as of its place in the stream
+    assert acc.asked == 2 and acc.cycles == 1 and acc.pending == 0.0
+    assert decode(requests[0].encode()) == requests[0]
+
+
+def test_a_manual_request_leaves_the_pending_sum_and_is_forwarded_once():
+    trigger = Trigger(threshold=100, min_episodes=1)
+    acc, _ = feed(Accumulator(), [ep(0, 0.9)], trigger)
+    again, requests = feed(acc, [manual("a"), manual("a")], trigger)
+    assert len(requests) == 1 and again.pending == acc.pending and again.asked == 1
+    assert Accumulator.from_dict(again.to_dict()) == again

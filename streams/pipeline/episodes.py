@@ -1,15 +1,18 @@
 """The episodes pipeline: one agent over `episodes`, the roles in a fixed order.
 
 For each batch: **project** (the view), then **accumulate** (per-user
-triggers, which may ask for cycles), then **invalidate** (the provenance walk
-of each retraction). The order is the point: what the accumulator counts is
+triggers, which may ask for cycles, and manual requests, which the user's
+agent publishes here so they are forwarded in stream order), then
+**invalidate** (the provenance walk of each retraction). The order is the point: what the accumulator counts is
 already in the view when it asks for a cycle, so the cycle reads exactly the
 window its request names, and a retraction's invalidations are in the view
 before anything after it in the log is handled.
 
-A retraction is handled alone, after its user's asked cycles are done (bounded
-by `cycle_wait`): a cycle then sees the log up to its request and no further,
-whatever the timing — the same log gives the same beliefs.
+Every request forwarded from here carries the user's next sequence number. A
+retraction is handled alone, after the cycles of every request asked before
+it are done (bounded by `cycle_wait`): a cycle then sees the log up to its
+request and no further, whatever the timing — the same log gives the same
+beliefs.
 
 State changes (accumulators, invalidator state) are written only once the
 effects they describe are in the view and the log: a crash or a transient
@@ -23,10 +26,10 @@ import copy
 import logging
 from typing import Any
 
-from processors.accumulator import Accumulator, Trigger, admit_all
+from processors.accumulator import Accumulator, Trigger, admit_all, number
 from processors.invalidator import Invalidator, empty_state
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from schemas import EpisodeRetracted, Event
+from schemas import EpisodeRetracted, Event, ReflectionRequested
 from streams import metrics
 from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import Runner
@@ -46,6 +49,16 @@ def segments(admitted: list[tuple[Event, Any]]) -> list[list[tuple[Event, Any]]]
     return out
 
 
+def numbered(events: list[Event], acc: Accumulator) -> tuple[list[Event], Accumulator]:
+    """The requests among `events` with the user's next sequence numbers."""
+    out = []
+    for event in events:
+        if isinstance(event, ReflectionRequested):
+            acc, event = number(acc, event)
+        out.append(event)
+    return out, acc
+
+
 class EpisodesPipeline(Runner):
     def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
@@ -56,13 +69,16 @@ class EpisodesPipeline(Runner):
         self.invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
 
     async def handle(self, admitted: list[tuple[Event, Any]]) -> None:
-        for segment in segments([(r, m) for r, m in admitted if isinstance(r, EPISODE_TYPES)]):
+        for segment in segments(admitted):
             if isinstance(segment[0][0], EpisodeRetracted):
                 await self.cycles_settled(segment[0][0].user_id)
+            episodes = [(r, m) for r, m in segment if isinstance(r, EPISODE_TYPES)]
             async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
-                applied = await self.runtime.policy.apply("project", self.project, segment)
-            await self.accumulate(applied)
-            for record, message in applied:
+                applied = {id(m) for _, m in await self.runtime.policy.apply("project", self.project, episodes)}
+            # What was dead-lettered is not counted either; manual requests go on in their place.
+            kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
+            await self.accumulate(kept)
+            for record, message in kept:
                 if isinstance(record, EpisodeRetracted):
                     await self.invalidate(record, message)
 
@@ -77,10 +93,10 @@ class EpisodesPipeline(Runner):
 
     def due(self, user: str) -> bool:
         tables = self.runtime.tables
-        return Accumulator.from_dict(tables.accumulators.get(user)).cycles > (tables.cycles_done.get(user) or 0)
+        return Accumulator.from_dict(tables.accumulators.get(user)).asked > (tables.requests_done.get(user) or 0)
 
     async def cycles_settled(self, user: str) -> None:
-        """Wait (bounded) until the cycles asked for this user are done."""
+        """Wait (bounded) until the cycles of every request asked for this user are done."""
         done = self.runtime.cycle_done
         try:
             async with done:
@@ -92,8 +108,10 @@ class EpisodesPipeline(Runner):
 
     async def invalidate(self, retraction: EpisodeRetracted, message) -> None:
         """The provenance walk of one retraction: its events into the view, then
-        the log, then the invalidator's state (so a walk cut short is redone)."""
-        user, table = retraction.user_id, self.runtime.tables.provenance
+        the log (revalidation requests numbered in the user's sequence), then
+        the state (so a walk cut short is redone)."""
+        user, tables = retraction.user_id, self.runtime.tables
+        table = tables.provenance
         async with self.runtime.user_lock(user):
             def walk():
                 state = copy.deepcopy(table.get(user) or empty_state())
@@ -108,6 +126,9 @@ class EpisodesPipeline(Runner):
             if not known:
                 log.info("retraction of episode %s of user %s, which the view never held: a tombstone, "
                          "nothing to invalidate", retraction.episode_id, user)
+            acc = Accumulator.from_dict(tables.accumulators.get(user))
+            made, acc = numbered(made, acc)
             await self.publish(made)
             metrics.invalidations(made)
             write(table, message.partition, user, state)
+            write(tables.accumulators, message.partition, user, acc.to_dict())

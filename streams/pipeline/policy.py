@@ -146,5 +146,9 @@ class Policy:
                 error = failed
         log.error("%s failed alone %d times: dead-lettered", stage, TRIES_ALONE, exc_info=error,
                   extra={"stage": stage})
-        await self.until_done("dead-letter", lambda: self.dead_letter(message, error, stage))
+        await self.reject(message, error, stage)
         return FAILED
+
+    async def reject(self, message, error: BaseException, stage: str) -> None:
+        """Dead-letter a record (its publish retried like any other)."""
+        await self.until_done("dead-letter", lambda: self.dead_letter(message, error, stage))

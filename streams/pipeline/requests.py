@@ -5,8 +5,8 @@ order. For each: refuse it (budget spent, breaker open) or run the five steps
 off the event loop (a reasoner call takes seconds; heartbeats, the other
 pipelines and the API go on); then write the cycle's belief events into the
 view *before* publishing them, so the user's next cycle sees them whatever
-the reflections pipeline has read — and mark the cycle done. A cycle already
-marked done (a redelivery after a crash) is skipped.
+the reflections pipeline has read — and mark the cycle done. A request whose
+sequence is already marked done (a redelivery after a crash) is skipped.
 
 A transient fault (the view, the broker) retries the cycle; a deterministic
 one is dead-lettered with the request (stage "reflect"). Either way the
@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from processors.accumulator import Accumulator
-from processors.freshness import cycle_number
 from processors.guard import Spend, day_of, tokens_of
 from processors.projector import ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
@@ -44,8 +43,8 @@ class RequestsPipeline(Runner):
             await self.reflect(request, message)
 
     def done_already(self, request: ReflectionRequested) -> bool:
-        number = cycle_number(request.cycle_id, request.user_id)
-        return number is not None and number <= (self.runtime.tables.cycles_done.get(request.user_id) or 0)
+        done = self.runtime.tables.requests_done.get(request.user_id) or 0
+        return request.sequence is not None and request.sequence <= done
 
     async def reflect(self, request: ReflectionRequested, message) -> None:
         if self.done_already(request):
@@ -65,8 +64,7 @@ class RequestsPipeline(Runner):
         except Exception as error:
             log.exception("cycle %s failed outside the reasoner", request.cycle_id,
                           extra={"cycle_id": request.cycle_id, "event_id": request.event_id})
-            await runtime.policy.until_done("dead-letter",
-                                            lambda: runtime.outlets.dead_letter(message, error, "reflect"))
+            await runtime.policy.reject(message, error, "reflect")
         finally:
             runtime.running.pop(user, None)
         await self.mark_done(request, message.partition)
@@ -100,9 +98,8 @@ class RequestsPipeline(Runner):
         return made
 
     async def mark_done(self, request: ReflectionRequested, partition: int) -> None:
-        user, done = request.user_id, self.runtime.tables.cycles_done
-        number = cycle_number(request.cycle_id, user)
-        if number is not None and number > (done.get(user) or 0):
-            write(done, partition, user, number)
+        user, done = request.user_id, self.runtime.tables.requests_done
+        if request.sequence is not None and request.sequence > (done.get(user) or 0):
+            write(done, partition, user, request.sequence)
         async with self.runtime.cycle_done:
             self.runtime.cycle_done.notify_all()

@@ -39,8 +39,7 @@ class Runner:
                 record = accept(event.message, self.carries)
             except ContractError as error:
                 metrics.event(event.message, "dead_lettered")
-                await self.runtime.policy.until_done(
-                    "dead-letter", lambda: self.runtime.outlets.dead_letter(event.message, error, "decode"))
+                await self.runtime.policy.reject(event.message, error, "decode")
                 continue
             metrics.event(event.message, "ok", record.TYPE)
             out.append((record, event.message))

@@ -20,16 +20,16 @@ Content-Length says so, and while it is read otherwise (chunked).
 from __future__ import annotations
 
 from streams.routes import admin, beliefs, episodes, ops, reasoner, recall, reflect, reflections, stats
-from streams.routes.common import Context, Tables
+from streams.routes.common import Context
 
 RESOURCES = (ops, episodes, reflect, beliefs, recall, reflections, stats, admin, reasoner)
 
 
-def install(runtime, tables: Tables, episodes_topic, requests_topic) -> None:
+def install(runtime) -> None:
     """Register every route on the runtime's Faust app; handlers find the
     worker through `app.reflect`."""
     app = runtime.app
-    app.reflect = Context(runtime, tables, episodes_topic, requests_topic)
+    app.reflect = Context(runtime)
     for resource in RESOURCES:
         for path, page in resource.PAGES.items():
             app.page(path)(page)

@@ -36,14 +36,6 @@ class ApiError(Exception):
         return {"error": {**error, "field": self.field} if self.field else error}
 
 
-@dataclass(frozen=True)
-class Tables:
-    """The worker's tables the API reads (this worker's partitions)."""
-    accumulators: Any
-    spend: Any
-    cycles_done: Any
-
-
 @dataclass
 class Rebuilding:
     """The one rebuild this worker may run: its progress and its task."""
@@ -55,14 +47,20 @@ class Rebuilding:
 class Context:
     """All a handler reaches of the worker; `app.reflect` on its Faust app."""
     runtime: Any
-    tables: Tables
-    episodes_topic: Any
-    requests_topic: Any
     rebuilding: Rebuilding = field(default_factory=Rebuilding)
 
     @property
     def view(self):
         return self.runtime.view
+
+    @property
+    def tables(self):
+        """The worker's tables (its own partitions' users)."""
+        return self.runtime.tables
+
+    @property
+    def episodes_topic(self):
+        return self.runtime.outlets.episodes
 
     @property
     def settings(self):
@@ -203,8 +201,8 @@ def time_query(request: Request, name: str) -> str | None:
 
 
 def freshness(ctx: Context, user_id: str) -> Freshness:
-    asked = Accumulator.from_dict(ctx.tables.accumulators.get(user_id)).cycles
-    return Freshness(asked, ctx.tables.cycles_done.get(user_id) or 0, user_id in ctx.runtime.running)
+    asked = Accumulator.from_dict(ctx.tables.accumulators.get(user_id)).asked
+    return Freshness(asked, ctx.tables.requests_done.get(user_id) or 0, user_id in ctx.runtime.running)
 
 
 async def refreshed(ctx: Context, request: Request, user_id: str) -> dict[str, Any]:

@@ -11,12 +11,13 @@ from streams.routes.common import answers_json, context, publish
 class Reflect(View):
     @answers_json
     async def post(self, request: Request, user_id: str) -> Response:
-        # A manual cycle leaves the threshold accumulator alone: its cycle
-        # numbering must stay a function of the episode stream for replays.
+        # On the user's episodes partition, not the requests topic: the
+        # accumulator forwards it in stream order with the window as of there,
+        # so its window does not depend on how far the stream had been read.
         cycle_id = f"{user_id}:manual:{new_id()}"
         event = ReflectionRequested(event_id=f"request:{cycle_id}", user_id=user_id, cycle_id=cycle_id,
                                     why="manual", occurred_at=now())
-        await publish(context(self).requests_topic, event)
+        await publish(context(self).episodes_topic, event)
         return self.json({"cycle_id": cycle_id, "event_id": event.event_id}, status=202)
 
 
