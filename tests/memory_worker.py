@@ -144,8 +144,10 @@ class MemoryWorker:
         self.partitioner = DefaultPartitioner()
 
     async def run(self, events: list[Event], timeout: float = 120.0) -> None:
-        """Publish `events` (to their topics, as a producer would) and drain."""
-        await self.runtime.outlets.publish(events)
+        """Send `events` to the episodes topic, keyed by user, as a client's
+        `Publisher` does, and drain."""
+        for event in events:
+            await self.runtime.outlets.episodes.send(key=event.user_id.encode(), value=event.encode())
         await self.drain(timeout)
 
     def redeliver(self, topic: MemoryTopic, offset: int) -> None:
