@@ -207,6 +207,31 @@ def test_a_view_down_mid_stream_is_waited_out_and_nothing_is_lost_or_written_ear
     assert run.outcome() == calm
 
 
+class DownFromFirstSearch(Outage):
+    """The view down from a cycle's first evidence search on, for `calls` calls."""
+
+    searching = False
+
+    def __call__(self, name, args, kwargs) -> bool:
+        self.searching = self.searching or name == "search_many"
+        return self.searching and super().__call__(name, args, kwargs)
+
+
+def test_a_view_down_during_a_cycle_retries_the_cycle_instead_of_failing_it(calm, tmp_path):
+    async def outage():
+        run = start(tmp_path)
+        run.faulty.down = down = DownFromFirstSearch(run.runtime, calls=6)
+        await run.worker.run(EVENTS)
+        return run, down
+
+    run, down = asyncio.run(outage())
+    assert down.left == 0 and any("reflect" in stalled for stalled, _ in down.seen)
+    outcomes = {e.outcome for e in run.runtime.outlets.reflections.events() if isinstance(e, ReflectionCycleCompleted)}
+    assert outcomes <= {"ok", "empty"}, outcomes  # not "failed": the view's fault is not the reasoner's
+    assert not run.dead_letters()
+    assert run.outcome() == calm
+
+
 class Poisoned:
     """The embedder, failing every batch that holds `text`: one record that
     fails alone, whatever the view does."""
