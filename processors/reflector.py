@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
-from processors.failures import transient
 from processors.projector import point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank
@@ -168,9 +167,10 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                 reinforced += isinstance(event, ReflectionReinforced)
                 out.append(event)
         outcome, error = ("ok" if out else "empty"), None
-    except Exception as exc:  # a failed cycle is reported, never retried in a loop
-        if transient(exc) and not getattr(exc, "from_reasoner", False):
-            raise  # the view's fault, not the reasoner's: the pipeline retries the cycle
+    except Exception as exc:
+        if not getattr(exc, "from_reasoner", False):
+            raise  # the view's or a bug's, not the reasoner's: the pipeline's error policy decides
+        # The reasoner's failure is reported in the audit event, never retried in a loop.
         usage += getattr(exc, "spent", Usage())
         outcome = "unavailable" if getattr(exc, "unavailable", False) else "failed"
         error, out = f"{type(exc).__name__}: {exc}"[:2000], []

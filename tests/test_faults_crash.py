@@ -276,13 +276,18 @@ def wait_settled(worker: Worker, users, per_user: int, cycles: int, timeout: flo
 TRANSACTION_TIME = ("recorded_at", "created_at", "history", "reinforced_at", "weakened_at", "expired_at")
 
 
+def points_of(view, users) -> dict[str, dict[str, dict]]:
+    """{user: {point id: payload}} of a view, without transaction times (when
+    a run happened, not what it decided)."""
+    return {u: {pid: {k: v for k, v in p.items() if k not in TRANSACTION_TIME}
+                for pid, p in view.scroll(u)} for u in users}
+
+
 def view_snapshot(settings: Settings, users) -> dict[str, dict[str, dict]]:
-    """{user: {point id: payload}} of a stopped worker's view, read from its data
-    dir, without transaction times (when a run happened, not what it decided)."""
+    """`points_of` a stopped worker's view, read from its data dir."""
     view = EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim)
     try:
-        return {u: {pid: {k: v for k, v in p.items() if k not in TRANSACTION_TIME}
-                    for pid, p in view.scroll(u)} for u in users}
+        return points_of(view, users)
     finally:
         view.close()
 

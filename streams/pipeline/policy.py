@@ -89,22 +89,29 @@ class Policy:
         """`step()` retried through transient failures until it succeeds; a
         deterministic failure is raised to the caller."""
         attempt = 0
-        try:
-            while True:
-                try:
-                    return await step()
-                except asyncio.CancelledError:
+        while True:
+            try:
+                done = await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if not await self._kind(error):
+                    self._cleared(stage)
                     raise
-                except Exception as error:
-                    if not await self._kind(error):
-                        raise
-                    self._stalled(stage, error, attempt)
-                    await asyncio.sleep(self.backoff.delay(attempt))
-                    attempt += 1
-        finally:
-            if self.health.stalled.pop(stage, None) is not None:
-                metrics.stalled(stage, False)
+                self._stalled(stage, error, attempt)
+                await asyncio.sleep(self.backoff.delay(attempt))
+                attempt += 1
+                continue
+            if self._cleared(stage):
                 log.warning("%s resumed after %d retries", stage, attempt, extra={"stage": stage})
+            return done
+
+    def _cleared(self, stage: str) -> bool:
+        """The stage no longer waits; whether it did."""
+        if self.health.stalled.pop(stage, None) is None:
+            return False
+        metrics.stalled(stage, False)
+        return True
 
     def _stalled(self, stage: str, error: BaseException, attempt: int) -> None:
         stall = self.health.stalled.get(stage)

@@ -54,6 +54,7 @@ class ReflectionsPipeline(Runner):
             if done is FAILED:
                 return
             state, made = done
-            await self.publish(made)
-            metrics.invalidations(made)
-            write(table, message.partition, user, state)
+            if made:  # else nothing it knows changed: no changelog record per belief
+                await self.publish(made)
+                metrics.invalidations(made)
+                write(table, message.partition, user, state)

@@ -26,10 +26,19 @@ from processors.projector import ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from schemas import Event, ReflectionRequested
 from streams import metrics
+from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import Runner
 from streams.runtime import Runtime, write
 
 log = logging.getLogger("reflect")
+
+
+def today() -> str:
+    return day_of(datetime.now(timezone.utc))
+
+
+def spend_keys(request: ReflectionRequested, partition: int) -> tuple[str, str]:
+    return f"user:{request.user_id}", f"partition:{partition}"
 
 
 class RequestsPipeline(Runner):
@@ -52,19 +61,10 @@ class RequestsPipeline(Runner):
         runtime, user = self.runtime, request.user_id
         runtime.running[user] = request.cycle_id
         try:
-            made = await runtime.policy.until_done("reflect", lambda: self.cycle(request, message.partition))
-            await self.publish(made)
-            completed = made[-1]
-            runtime.tally.add(completed)
-            metrics.cycle(completed)
-            if completed.outcome in ("failed", "unavailable", "refused"):
-                log.warning("cycle %s %s: %s", request.cycle_id, completed.outcome, completed.error,
-                            extra={"cycle_id": request.cycle_id, "event_id": request.event_id,
-                                   "outcome": completed.outcome})
-        except Exception as error:
-            log.exception("cycle %s failed outside the reasoner", request.cycle_id,
-                          extra={"cycle_id": request.cycle_id, "event_id": request.event_id})
-            await runtime.policy.reject(message, error, "reflect")
+            made = await runtime.policy.alone("reflect", lambda: self.cycle(request, message.partition), message)
+            if made is not FAILED:
+                await self.publish(made)
+                self.account(request, made[-1], message.partition)
         finally:
             runtime.running.pop(user, None)
         await self.mark_done(request, message.partition)
@@ -72,21 +72,34 @@ class RequestsPipeline(Runner):
     async def cycle(self, request: ReflectionRequested, partition: int) -> list[Event]:
         """One cycle's events, already in the view; refused when a budget is
         spent or the breaker is open."""
-        runtime, user = self.runtime, request.user_id
-        day, clock = day_of(datetime.now(timezone.utc)), asyncio.get_running_loop().time
-        spend = runtime.tables.spend
-        keys = (f"user:{user}", f"partition:{partition}")
-        spent = [Spend.from_dict(spend.get(k)) for k in keys]
-        reason = runtime.budget.refusal(*(s.today(day) for s in spent)) or runtime.breaker.refusal(clock())
+        runtime = self.runtime
+        reason = runtime.budget.refusal(*(s.today(today()) for s in self.spent(request, partition))) or \
+            runtime.breaker.refusal(asyncio.get_running_loop().time())
         if reason:
             return [refused(request, runtime.reasoner, reason)]
-        recent = Accumulator.from_dict(runtime.tables.accumulators.get(user)).recent
-        made = await asyncio.to_thread(self.steps, request, recent)
-        completed = made[-1]
-        runtime.breaker.record(completed.outcome == "unavailable", clock())
-        for key, s in zip(keys, spent):
-            write(spend, partition, key, s.charged(day, tokens_of(completed.usage)).to_dict())
-        return made
+        recent = Accumulator.from_dict(runtime.tables.accumulators.get(request.user_id)).recent
+        return await asyncio.to_thread(self.steps, request, recent)
+
+    def spent(self, request: ReflectionRequested, partition: int) -> list[Spend]:
+        """Tokens spent today by the user and by this partition's share (keys
+        of the requests topic's partitions: each has one writer)."""
+        spend = self.runtime.tables.spend
+        return [Spend.from_dict(spend.get(key)) for key in spend_keys(request, partition)]
+
+    def account(self, request: ReflectionRequested, completed, partition: int) -> None:
+        """Once its events are in the log (a redelivery charges nothing twice):
+        the breaker, the spend, the tally."""
+        runtime = self.runtime
+        if completed.outcome != "refused":  # a refusal says nothing of the API
+            runtime.breaker.record(completed.outcome == "unavailable", asyncio.get_running_loop().time())
+        for key, s in zip(spend_keys(request, partition), self.spent(request, partition)):
+            write(runtime.tables.spend, partition, key, s.charged(today(), tokens_of(completed.usage)).to_dict())
+        runtime.tally.add(completed)
+        metrics.cycle(completed)
+        if completed.outcome in ("failed", "unavailable", "refused"):
+            log.warning("cycle %s %s: %s", request.cycle_id, completed.outcome, completed.error,
+                        extra={"cycle_id": request.cycle_id, "event_id": request.event_id,
+                               "outcome": completed.outcome})
 
     def steps(self, request: ReflectionRequested, recent) -> list[Event]:
         """Steps 2–5, then the cycle's beliefs into the view (blocking: off the loop)."""
