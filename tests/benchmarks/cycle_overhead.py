@@ -36,7 +36,7 @@ from messages_api import MessagesServer, OfflineModel  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.reasoners import OfflineReasoner  # noqa: E402
-from processors.reflector import CycleConfig, run_cycle, window_records  # noqa: E402
+from processors.reflector import CycleConfig, cycle_window, run_cycle  # noqa: E402
 from processors.view import VECTOR, EdgeView, Hit, ViewPoint  # noqa: E402
 from read_latency import DIM, START, episode_text, stamp  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested  # noqa: E402
@@ -104,10 +104,10 @@ def cycle_ms(view, request, reasoner, reps: int) -> float:
     """Median milliseconds of a whole cycle (window read included); nothing is
     written, so every repetition sees the same store and decides the same."""
     embedder, config, times = HashingEmbedder(DIM), CycleConfig(), []
-    refs = [("episode", i) for i in request.window_episode_ids]
     for _ in range(reps):
         t = time.perf_counter()
-        made = run_cycle(request, window_records(view, USER, refs), view, embedder, reasoner, config)
+        # The window as the reflector reads it: the request's episodes and the user's earlier beliefs.
+        made = run_cycle(request, cycle_window(view, request, ()), view, embedder, reasoner, config)
         times.append((time.perf_counter() - t) * 1000)
         assert made[-1].outcome in ("ok", "empty"), made[-1].error
     return statistics.median(times)
