@@ -55,6 +55,20 @@ class HashingEmbedder:
         return out
 
 
+class Precomputed:
+    """An embedder whose vectors for some texts were computed ahead (while the
+    previous batch was handled); the other texts it embeds as it is asked."""
+
+    def __init__(self, embedder: Embedder, vectors: dict[str, np.ndarray]) -> None:
+        self.embedder, self.vectors, self.dim = embedder, dict(vectors), embedder.dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.vectors]
+        if missing:
+            self.vectors.update(zip(missing, self.embedder.embed(missing)))
+        return np.stack([self.vectors[t] for t in texts]) if texts else self.embedder.embed(texts)
+
+
 def make_embedder(name: str) -> Embedder:
     if name == "hashing":
         return HashingEmbedder()

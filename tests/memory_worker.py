@@ -192,7 +192,8 @@ class MemoryWorker:
                          for offset in range(start, min(start + self.batch, len(topic.records)))]
                 self.busy += 1
             try:
-                await runner.handle(await runner.admit(batch))
+                admitted = await runner.admit(batch)
+                await runner.handle(admitted, await runner.prepared(admitted))
                 self.position[topic.name] = start + len(batch)  # acknowledged: handled
             finally:
                 async with self.turns:

@@ -27,9 +27,10 @@ import logging
 from typing import Any
 
 from processors.accumulator import Accumulator, Trigger, admit_all, number
+from processors.embedders import Precomputed
 from processors.invalidator import Invalidator, empty_state
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from schemas import EpisodeRetracted, Event, ReflectionRequested
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested
 from streams import metrics
 from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import Runner
@@ -63,18 +64,24 @@ class EpisodesPipeline(Runner):
     def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
         view, embedder, settings = runtime.view, runtime.embedder, runtime.settings
-        self.project = metrics.timed_apply(EpisodeProjector(view, embedder).apply, "episode")
         self.project_beliefs = ReflectionProjector(view, embedder).apply
         self.trigger = Trigger.from_settings(settings)
         self.invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
 
-    async def handle(self, admitted: list[tuple[Event, Any]]) -> None:
+    async def prepare(self, admitted: list[tuple[Event, Any]]) -> dict:
+        """The batch's episode texts embedded, while the batch before it is handled."""
+        texts = list(dict.fromkeys(r.text for r, _ in admitted if isinstance(r, EpisodeRecorded)))
+        return dict(zip(texts, await asyncio.to_thread(self.runtime.embedder.embed, texts))) if texts else {}
+
+    async def handle(self, admitted: list[tuple[Event, Any]], prepared: dict | None = None) -> None:
+        embedder = Precomputed(self.runtime.embedder, prepared or {})
+        project = metrics.timed_apply(EpisodeProjector(self.runtime.view, embedder).apply, "episode")
         for segment in segments(admitted):
             if isinstance(segment[0][0], EpisodeRetracted):
                 await self.cycles_settled(segment[0][0].user_id)
             episodes = [(r, m) for r, m in segment if isinstance(r, EPISODE_TYPES)]
             async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
-                applied = {id(m) for _, m in await self.runtime.policy.apply("project", self.project, episodes)}
+                applied = {id(m) for _, m in await self.runtime.policy.apply("project", project, episodes)}
             # What was dead-lettered is not counted either; manual requests go on in their place.
             kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
             await self.accumulate(kept)

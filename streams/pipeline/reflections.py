@@ -32,7 +32,7 @@ class ReflectionsPipeline(Runner):
         self.project = ReflectionProjector(runtime.view, runtime.embedder).apply
         self.invalidator = Invalidator(runtime.view, settings.citation_floor, settings.max_depth)
 
-    async def handle(self, admitted: list[tuple[Event, Any]]) -> None:
+    async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         beliefs = [(r, m) for r, m in admitted if isinstance(r, REFLECTION_TYPES)]
         async with self.runtime.projection_lock:
             applied = await self.runtime.policy.apply(

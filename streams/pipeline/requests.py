@@ -47,7 +47,7 @@ class RequestsPipeline(Runner):
         self.config = CycleConfig.from_settings(runtime.settings)
         self.project = ReflectionProjector(runtime.view, runtime.embedder).apply
 
-    async def handle(self, admitted: list[tuple[Event, Any]]) -> None:
+    async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         for request, message in admitted:
             await self.reflect(request, message)
 

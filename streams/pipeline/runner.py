@@ -10,12 +10,16 @@ cancelled; `noack_take` leaves that to us.)
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from processors.dlq import accept, carried
 from schemas import ContractError, Event
 from streams import metrics
 from streams.runtime import Runtime
+
+log = logging.getLogger("reflect")
 
 
 class Runner:
@@ -24,11 +28,42 @@ class Runner:
         self.carries = carried(runtime.settings)
 
     async def run(self, stream) -> None:
+        """Batches handled one after the other, in order; while one is handled
+        the next is read, decoded and prepared (`prepare`: work that depends on
+        the batch alone, such as embedding its texts), so the cores do not sit
+        idle while a batch waits on the broker's acknowledgements."""
         settings = self.runtime.settings
-        async for events in stream.noack_take(settings.projector_batch, within=settings.projector_within):
-            await self.handle(await self.admit(events))
-            for event in events:
-                await stream.ack(event)
+        batches = stream.noack_take(settings.projector_batch, within=settings.projector_within)
+        ahead = asyncio.ensure_future(self.read_ahead(batches))
+        try:
+            while True:
+                try:
+                    events, admitted, prepared = await ahead
+                except StopAsyncIteration:
+                    return
+                ahead = asyncio.ensure_future(self.read_ahead(batches))
+                await self.handle(admitted, await prepared)
+                for event in events:
+                    await stream.ack(event)
+        finally:
+            ahead.cancel()  # a batch read ahead is not acknowledged: it is read again after a restart
+
+    async def read_ahead(self, batches):
+        events = await batches.__anext__()
+        admitted = await self.admit(events)
+        return events, admitted, asyncio.ensure_future(self.prepared(admitted))
+
+    async def prepared(self, admitted: list[tuple[Event, Any]]) -> Any:
+        """`prepare`'s result, or None when it failed: `handle` then does the
+        work itself, under the error policy."""
+        try:
+            return await self.prepare(admitted)
+        except Exception:
+            log.debug("preparing a batch failed; it is handled without", exc_info=True)
+            return None
+
+    async def prepare(self, admitted: list[tuple[Event, Any]]) -> Any:
+        return None
 
     async def admit(self, events) -> list[tuple[Event, Any]]:
         """(record, message) of every event that honours its topic's contract;
@@ -45,7 +80,7 @@ class Runner:
             out.append((record, event.message))
         return out
 
-    async def handle(self, admitted: list[tuple[Event, Any]]) -> None:
+    async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         raise NotImplementedError
 
     async def publish(self, events: list[Event]) -> None:
