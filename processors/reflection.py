@@ -9,8 +9,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from typing import Any, Sequence
 
+from processors.injection import instruction_cue
 from schemas import parse_time
 
 BELIEFS = uuid.UUID("0b6f1c2e-7d1a-4a7e-9a51-2f3d8c4e5b60")  # namespace of reflection ids
@@ -113,3 +114,25 @@ def judge(user_id: str, cycle_id: str, insights: Sequence[Insight], evidence: Se
         importance = max(c.importance for c in cited)
         kept.append(Belief(rid, text, cited, depth, importance))
     return Verdict(tuple(kept), tuple(dropped))
+
+
+def ungrounded(text: str, vector, evidence: Sequence[tuple[str, Any]], min_cosine: float | None,
+               floor: int) -> str | None:
+    """Why a belief may not be persisted, or None. Its text must read as data
+    (no instruction-shaped text: a model can copy one from an episode), and,
+    with `min_cosine` set, at least `floor` of its cited items must support it
+    by meaning: cosine of the belief's vector to theirs ≥ min_cosine, counting
+    only items that are not themselves instruction-shaped (an injected order is
+    no evidence of what the user is like). `evidence` is (text, unit vector)."""
+    cue = instruction_cue(text)
+    if cue:
+        return f"instruction-shaped text ({cue})"
+    if min_cosine is None:
+        return None
+    usable = [(t, v) for t, v in evidence if not instruction_cue(t)]
+    support = sorted((float(vector @ v) for _, v in usable), reverse=True)
+    if len(support) < floor or support[floor - 1] < min_cosine:
+        best = ", ".join(f"{c:.2f}" for c in support[:floor]) or "none"
+        return (f"not grounded: fewer than {floor} of its {len(evidence)} cited items support it by meaning "
+                f"(cosine ≥ {min_cosine}; best {best}; {len(evidence) - len(usable)} instruction-shaped)")
+    return None
