@@ -31,7 +31,7 @@ _WORD_CUES: tuple[tuple[str, str], ...] = tuple((name, pattern) for name, patter
      r"|guidelines|guardrails|polic(y|ies)|context|messages?)\b"),
     ("new instructions", r"\b(new|updated|real|actual|hidden|secret) (instructions?|orders|directives?|task)\b"),
     ("system prompt", r"\b(system|developer|hidden) (prompt|message|instructions?)\b"),
-    ("order to the agent", r"\b(you|assistant|agent|model|ai)( \w+){0,2} (must|shall|should always|should never"
+    ("order to the agent", r"\b(you|assistant|agent|model|ai)( \w+){0,2} (must|shall|should"
                            r"|have to|are required to|need to|will now|are now|are to)\b"),
     ("role change", r"\b(act as|pretend (to be|you are)|roleplay|from now on|jailbreak|developer mode"
                     r"|debug mode|dan mode|god mode)\b"),

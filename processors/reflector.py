@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
+from processors.injection import instruction_cue
 from processors.projector import point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank, ungrounded
@@ -163,7 +164,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
             drops += verdict.dropped
             for belief in verdict.kept:
                 vector = embedder.embed([belief.text])[0]
-                why = _screened(belief, vector, embedder, config)
+                why = _screened(belief, vector, [question, *(c.text for c in evidence)], embedder, config)
                 if why:
                     drops.append((belief.text, why))
                     continue
@@ -193,12 +194,16 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     return out
 
 
-def _screened(belief, vector, embedder: Embedder, config: CycleConfig) -> str | None:
-    """Why a kept insight may still not be persisted (reflection.ungrounded),
-    its cited items embedded only when the meaning check is on."""
-    texts = [c.text for c in belief.evidence]
-    vectors = embedder.embed(texts) if config.grounding_cosine is not None else [None] * len(texts)
-    return ungrounded(belief.text, vector, list(zip(texts, vectors)), config.grounding_cosine, config.citation_floor)
+def _screened(belief, vector, shown: Sequence[str], embedder: Embedder, config: CycleConfig) -> str | None:
+    """Why a kept insight may still not be persisted (reflection.ungrounded).
+    `shown`: what the reasoner read to write it (its question and evidence);
+    texts are embedded only when a check needs them (usually none is hostile)."""
+    hostile = list(dict.fromkeys(t for t in shown if instruction_cue(t)))
+    cited = [c.text for c in belief.evidence]
+    needed = config.grounding_cosine is not None or bool(hostile)
+    vectors = list(embedder.embed(cited + hostile)) if needed else [None] * len(cited)
+    return ungrounded(belief.text, vector, list(zip(cited, vectors)), list(zip(hostile, vectors[len(cited):])),
+                      config.grounding_cosine, config.citation_floor)
 
 
 def refused(request: ReflectionRequested, reasoner: Reasoner, reason: str) -> ReflectionCycleCompleted:
