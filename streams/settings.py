@@ -256,7 +256,8 @@ SPECS: tuple[Spec, ...] = (
          "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
          "its request and no further (past it, the retraction goes on and the beliefs may depend on timing)."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "0.3", _unit,
-         "Cosine a belief needs to answer a pattern question (else episodes do); embedder-dependent."),
+         "Hybrid score (cosine + BM25 share, boosted) a belief needs to be served with a pattern "
+         "question's episodes; embedder-dependent."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
