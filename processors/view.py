@@ -73,6 +73,10 @@ class Scoring:
     (no rank fusion), so equal scores mean equal points, and a cut by
     (-score, id) is the same whatever the storage layout (the reflector's
     determinism rests on that)."""
+    # The reflector's evidence step uses these defaults: the determinism suites
+    # (tests/test_pipeline_memory.py, test_determinism.py) pass with them and
+    # diverged at lexical 1.0 / saturation 8 (cause not found yet). Recall uses
+    # RECALL_SCORING (processors/retrieval.py).
     lexical: float = 0.5
     saturation: float = 4.0
     recency: float = 0.0

@@ -136,7 +136,7 @@ def test_instance_route_returns_raw_episodes_with_their_timestamps(world):
     assert {r["kind"] for r in out["results"]} == {"episode"}
     top = out["results"][0]
     assert (top["id"], top["occurred_at"]) == ("a3", "2026-06-03T08:15:00Z")
-    assert "billing" in top["text"] and 0 < top["score"] <= 1
+    assert "billing" in top["text"] and 0 < top["score"] <= (1 + 1.0) * (1 + 0.1 + 0.1)  # RECALL_SCORING's bound
 
 
 def test_pattern_route_returns_live_beliefs_with_their_evidence(world):
