@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
-    bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild")
+    bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval")
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
     token = commands.add_parser("token", help="per-user API tokens (JWT) for the HTTP API")

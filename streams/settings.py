@@ -307,7 +307,8 @@ SPECS: tuple[Spec, ...] = (
          "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
          "its request and no further (past it, the retraction goes on and the beliefs may depend on timing)."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "0.3", _unit,
-         "Cosine a belief needs to answer a pattern question (else episodes do); embedder-dependent."),
+         "Hybrid score (cosine + BM25 share, boosted) a belief needs to be served with a pattern "
+         "question's episodes; embedder-dependent."),
     Spec("grounding_min_cosine", "REFLECT_GROUNDING_MIN_COSINE", "", _optional_cosine,
          "Cosine a cited item needs to support a new belief; fewer than citation_floor such items and the "
          "insight is dropped (empty: the embedder's own, minilm 0.35, hashing 0.05)."),
