@@ -58,10 +58,9 @@ def top(hits: Sequence[Hit], k: int) -> list[Hit]:
     return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
 
 
-def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vectors, k: int, max_depth: int,
-                at: str, cycle_id: str) -> list[list[Candidate]]:
-    """Per question: episodes and live beliefs of this user that match it
-    (hybrid: its vector and its BM25 terms, fused in the view's engine) and that
+def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int, at: str,
+                cycle_id: str) -> list[list[Candidate]]:
+    """Per question vector: episodes and live beliefs of this user near it that
     occurred by the cycle's time `at`; a belief already at max_depth is left
     out, as nothing citing it could be kept. One batched search per kind: the
     cost of a cycle is its scans of the user's store.
@@ -73,15 +72,9 @@ def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vecto
     asks for as many more as the view holds of them, so what is left is the
     same top k the first run saw."""
     own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
-    # The fused score is a function of the point alone (Scoring), so the
-    # (-score, id) cut below stays independent of the storage layout.
-    # BM25 statistics cover what occurred by `at` minus this cycle's own beliefs:
-    # the same corpus the first run of this request saw.
-    mine = {"cycle_id": cycle_id}
-    episodes = view.search_hybrid(user_id, vectors, questions, TIE_MARGIN * k, before=at, exclude=mine,
-                                  kind="episode", status="recorded")
-    beliefs = view.search_hybrid(user_id, vectors, questions, TIE_MARGIN * k + own, before=at, exclude=mine,
-                                 kind="reflection", status="live")
+    episodes = view.search_many(user_id, vectors, TIE_MARGIN * k, before=at, kind="episode", status="recorded")
+    beliefs = view.search_many(user_id, vectors, TIE_MARGIN * k + own, before=at, kind="reflection",
+                               status="live")
     episodes = [top(e, k) for e in episodes]
     beliefs = [top([h for h in b if h.payload.get("cycle_id") != cycle_id], k) for b in beliefs]
     return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
@@ -161,8 +154,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         questions, used = _asked(reasoner.questions, [r["text"] for r in window], config.questions,
                                  importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
-        found = _candidates(view, user, questions, embedder.embed(questions), config.top_k * 4, config.max_depth,
-                            at, cycle) \
+        found = _candidates(view, user, embedder.embed(questions), config.top_k * 4, config.max_depth, at, cycle) \
             if questions else []
         asked = [(q, rerank(c, cycle_time, config.top_k, config.weights)) for q, c in zip(questions, found)]
         answers, used = _asked(_insights, reasoner, asked, config.insights)
