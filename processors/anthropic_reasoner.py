@@ -14,6 +14,7 @@ one call: 2 calls per cycle instead of 1 + one per question.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -24,8 +25,21 @@ import orjson
 from processors.reasoners import Usage
 from processors.reflection import Insight
 
-PROMPT_VERSION = "anthropic-v1"
 PROMPTS = Path(__file__).with_name("prompts")
+
+
+def prompt_version(folder: Path = PROMPTS) -> str:
+    """`anthropic-` and the first 12 hex digits of a SHA-256 over every prompt
+    file (name and content, in name order): an edit to any prompt changes the
+    version its beliefs carry, so a replay into a side view compares prompts
+    by what they said, not by a constant someone forgot to bump."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.md")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"anthropic-{digest.hexdigest()[:12]}"
+
+
+PROMPT_VERSION = prompt_version()
 QUESTIONS_TOOL = {
     "name": "record_questions",
     "description": "Record the salient questions.",

@@ -9,8 +9,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from typing import Any, Sequence
 
+from processors.injection import instruction_cue
 from schemas import parse_time
 
 BELIEFS = uuid.UUID("0b6f1c2e-7d1a-4a7e-9a51-2f3d8c4e5b60")  # namespace of reflection ids
@@ -113,3 +114,34 @@ def judge(user_id: str, cycle_id: str, insights: Sequence[Insight], evidence: Se
         importance = max(c.importance for c in cited)
         kept.append(Belief(rid, text, cited, depth, importance))
     return Verdict(tuple(kept), tuple(dropped))
+
+
+def ungrounded(text: str, vector, cited: Sequence[tuple[str, Any]], hostile: Sequence[tuple[str, Any]],
+               min_cosine: float | None, floor: int) -> str | None:
+    """Why a belief may not be persisted, or None. `cited` are its evidence and
+    `hostile` the instruction-shaped texts its reasoner was shown, each as
+    (text, unit vector). A belief is refused when
+
+    - its own text is instruction-shaped (a model can copy an order from an episode);
+    - it reads more like an instruction-shaped text it was shown than like its
+      best clean evidence (an order reworded, or its words listed);
+    - with `min_cosine` set, fewer than `floor` of its clean cited items support
+      it by meaning (cosine ≥ min_cosine): an injected order is no evidence of
+      what the user is like, and a belief its evidence does not say is made up."""
+    cue = instruction_cue(text)
+    if cue:
+        return f"instruction-shaped text ({cue})"
+    if not hostile and min_cosine is None:
+        return None
+    usable = [(t, v) for t, v in cited if not instruction_cue(t)]
+    support = sorted((float(vector @ v) for _, v in usable), reverse=True)
+    if hostile:
+        closest = max(float(vector @ v) for _, v in hostile)
+        if not support or closest >= support[0]:
+            return (f"reads like instruction-shaped text shown to the reasoner (cosine {closest:.2f}, "
+                    f"best clean evidence {support[0] if support else 0:.2f})")
+    if min_cosine is not None and (len(support) < floor or support[floor - 1] < min_cosine):
+        best = ", ".join(f"{c:.2f}" for c in support[:floor]) or "none"
+        return (f"not grounded: fewer than {floor} of its {len(cited)} cited items support it by meaning "
+                f"(cosine ≥ {min_cosine}; best {best}; {len(cited) - len(usable)} instruction-shaped)")
+    return None

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from processors.embedders import Embedder
+from processors.injection import instruction_cue
 from processors.projector import point_id, support_of
 from processors.reasoners import Reasoner, Usage
-from processors.reflection import Candidate, Weights, judge, rerank
+from processors.reflection import Candidate, Weights, judge, rerank, ungrounded
 from processors.view import Hit, VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
                      ReflectionRequested, parse_time)
@@ -33,10 +34,19 @@ class CycleConfig:
     duplicate_cosine: float = 0.92
     max_evidence: int = 32  # evidence ids a belief keeps (the schema allows 256): see kept_evidence
     weights: Weights = Weights()
+    grounding_cosine: float | None = None  # None: only the instruction screen (see reflection.ungrounded)
 
     @classmethod
     def from_settings(cls, settings) -> "CycleConfig":
-        return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth)
+        grounding = settings.grounding_min_cosine
+        return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth,
+                   grounding_cosine=GROUNDING_COSINE.get(settings.embedder) if grounding is None else grounding)
+
+
+# Cosine a cited item needs to support a belief, per embedder (REFLECT_GROUNDING_MIN_COSINE
+# overrides). MiniLM: paraphrases 0.55–0.9, unrelated texts below 0.2 (measured). Feature
+# hashing only sees shared words: its check is word overlap, not meaning.
+GROUNDING_COSINE = {"minilm": 0.35, "hashing": 0.05}
 
 
 TIE_MARGIN = 2  # over-fetch: the engine orders equal scores by storage, which batches change
@@ -137,7 +147,8 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     cycle_time = parse_time(at)
     user, cycle = request.user_id, request.cycle_id
     usage, questions, out = Usage(), [], []
-    kept = reinforced = dropped = 0
+    kept = reinforced = 0
+    drops: list[tuple[str, str]] = []  # (insight text, why): the audit event says why each was dropped
     made: list[tuple[str, Any]] = []  # (reflection id, text vector) emitted in this cycle
     try:
         questions, used = _asked(reasoner.questions, [r["text"] for r in window], config.questions,
@@ -150,18 +161,22 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         usage += used
         for question, evidence, insights in answers:
             verdict = judge(user, cycle, insights, evidence, config.citation_floor, config.max_depth)
-            dropped += len(verdict.dropped)
+            drops += verdict.dropped
             for belief in verdict.kept:
                 vector = embedder.embed([belief.text])[0]
+                why = _screened(belief, vector, [question, *(c.text for c in evidence)], embedder, config)
+                if why:
+                    drops.append((belief.text, why))
+                    continue
                 # Several questions can reach the same evidence: one belief per cycle.
                 if any(rid == belief.reflection_id or float(vector @ v) >= config.duplicate_cosine
                        for rid, v in made):
-                    dropped += 1
+                    drops.append((belief.text, "same as another belief of this cycle"))
                     continue
                 made.append((belief.reflection_id, vector))
                 event = _belief_event(request, belief, vector, question, view, reasoner, config)
                 if event is None:
-                    dropped += 1
+                    drops.append((belief.text, "a live belief already rests on this evidence"))
                     continue
                 kept += isinstance(event, ReflectionCreated)
                 reinforced += isinstance(event, ReflectionReinforced)
@@ -175,8 +190,20 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         outcome = "unavailable" if getattr(exc, "unavailable", False) else "failed"
         error, out = f"{type(exc).__name__}: {exc}"[:2000], []
     out.append(_completed(request, reasoner, outcome, error, usage, started, questions=questions,
-                          kept=kept, reinforced=reinforced, dropped=dropped))
+                          kept=kept, reinforced=reinforced, drops=drops))
     return out
+
+
+def _screened(belief, vector, shown: Sequence[str], embedder: Embedder, config: CycleConfig) -> str | None:
+    """Why a kept insight may still not be persisted (reflection.ungrounded).
+    `shown`: what the reasoner read to write it (its question and evidence);
+    texts are embedded only when a check needs them (usually none is hostile)."""
+    hostile = list(dict.fromkeys(t for t in shown if instruction_cue(t)))
+    cited = [c.text for c in belief.evidence]
+    needed = config.grounding_cosine is not None or bool(hostile)
+    vectors = list(embedder.embed(cited + hostile)) if needed else [None] * len(cited)
+    return ungrounded(belief.text, vector, list(zip(cited, vectors)), list(zip(hostile, vectors[len(cited):])),
+                      config.grounding_cosine, config.citation_floor)
 
 
 def refused(request: ReflectionRequested, reasoner: Reasoner, reason: str) -> ReflectionCycleCompleted:
@@ -184,12 +211,18 @@ def refused(request: ReflectionRequested, reasoner: Reasoner, reason: str) -> Re
     return _completed(request, reasoner, "refused", reason, Usage(), time.perf_counter())
 
 
+MAX_DROPS = 64  # reasons an audit event lists (its `dropped` counts them all)
+
+
 def _completed(request, reasoner, outcome, error, usage, started, questions=(), kept=0, reinforced=0,
-               dropped=0) -> ReflectionCycleCompleted:
+               drops=()) -> ReflectionCycleCompleted:
     return ReflectionCycleCompleted(
         event_id=f"cycle:{request.cycle_id}", user_id=request.user_id, cycle_id=request.cycle_id,
         why=request.why, questions=tuple(q[:2000] for q in questions), kept=kept, reinforced=reinforced,
-        dropped=dropped, duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
+        dropped=len(drops),
+        drops=tuple({"reason": why[:500], "text": text[:500]}
+                    for text, why in drops[:MAX_DROPS]),
+        duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
         reasoner=reasoner.name, error=error, usage=usage.to_dict(),
         occurred_at=request.occurred_at)  # the cycle's valid time, as its beliefs
 

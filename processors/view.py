@@ -10,7 +10,10 @@ Two adapters, one contract (tests/test_view_contract.py runs against both):
   tests run qdrant-client's local mode, which speaks the same client API.
 
 Vectors are *named* ("text") so a retracted point can keep its audit payload
-with no vector at all. Every query is filtered to one user; per-user searches
+with no vector at all. Beside the dense vector each point with a text holds its
+BM25 terms (sparse "bm25", IDF applied by the engine per user): `search_hybrid`
+fuses both and applies recency × importance in one engine query (a score
+formula over two prefetches), so the view returns the final top k. Every query is filtered to one user; per-user searches
 are exact, since filtered HNSW lost recall on this data (0.68 vs 1.0).
 A view has a stable name; the physical shard/collection behind it is versioned
 so a rebuild can fill a new one and swap it in.
@@ -19,6 +22,7 @@ so a rebuild can fill a new one and swap it in.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -27,7 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
+from processors.lexical import document_terms, query_terms
+
+log = logging.getLogger("reflect")
+
 VECTOR = "text"
+LEXICAL = "bm25"  # sparse BM25 terms of the point's text
+REBUILD = "run `reflect rebuild` to add them"
 # Keyword indexes, created with the shard; evidence_ids is the reverse
 # provenance index (a belief matches each id it cites).
 INDEXED = ("user_id", "kind", "status", "evidence_ids")
@@ -46,6 +56,40 @@ class Hit:
     id: str
     score: float
     payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How `search_hybrid` scores a point, inside the engine:
+
+        fused = cosine + lexical · s / (s + saturation)     s: the point's BM25 score
+        score = fused                                        with no boost
+        score = max(fused, 0) · (1 + recency · decay + importance · importance)
+
+    decay is 1 at `now` and halves every `half_life_hours` (on occurred_at).
+    BM25 scores are unbounded, so they are saturated into 0..1 before being
+    added to the cosine: a point found by terms alone still ranks below one
+    that both vectors agree on. Every term is a function of the point alone
+    (no rank fusion), so equal scores mean equal points, and a cut by
+    (-score, id) is the same whatever the storage layout (the reflector's
+    determinism rests on that)."""
+    # The reflector's evidence step uses these defaults: the determinism suites
+    # (tests/test_pipeline_memory.py, test_determinism.py) pass with them and
+    # diverged at lexical 1.0 / saturation 8 (cause not found yet). Recall uses
+    # RECALL_SCORING (processors/retrieval.py).
+    lexical: float = 0.5
+    saturation: float = 4.0
+    recency: float = 0.0
+    importance: float = 0.0
+    half_life_hours: float = 24.0 * 30
+    now: str | None = None  # RFC 3339; required when recency > 0
+
+    @property
+    def boosted(self) -> bool:
+        return bool(self.recency or self.importance)
+
+
+PREFETCH = 100  # candidates per half (dense, BM25) before the formula: at least this, or 2 × k
 
 
 class ViewError(RuntimeError):
@@ -76,6 +120,15 @@ class VectorStore(Protocol):
     def search_many(self, user_id: str, vectors: Sequence[Sequence[float]], k: int, before: str | None = None,
                     **match: str) -> list[list[Hit]]:
         """`search` for several vectors under one filter, in one planned batch."""
+
+    def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
+                      before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
+                      **match: str) -> list[list[Hit]]:
+        """Per (vector, text) query: the user's k best points by `scoring`
+        (dense cosine fused with BM25 on the text, boosted by recency and
+        importance), in one batch; points matching `exclude` are left out of
+        the answer and of the BM25 statistics. A view built before BM25 terms were stored
+        answers by the dense half alone (see `lexical`)."""
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
@@ -127,10 +180,20 @@ class EdgeView:
         self.dim, self.root, self.view = dim, Path(root), view
         self.name = name or _active_name(self.root, view)
         path = self.path = self.root / self.name
-        config = q.EdgeConfig(vectors={VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)})
+        dense = {VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)}
+        config = q.EdgeConfig(vectors=dense, sparse_vectors={LEXICAL: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
+        self.lexical = True
         try:
             if (path / "wal").exists():
-                self._shard = q.EdgeShard.load(str(path), config)
+                try:
+                    self._shard = q.EdgeShard.load(str(path), config)
+                except Exception as exc:
+                    if "incompatible" not in str(exc):
+                        raise
+                    # Built before BM25 terms were stored: serve it dense-only until rebuilt.
+                    self._shard = q.EdgeShard.load(str(path), q.EdgeConfig(vectors=dense))
+                    self.lexical = False
+                    log.warning("view %s has no BM25 terms: recall is dense-only; %s", path, REBUILD)
             else:
                 self._shard = q.EdgeShard.create(str(path), config)
                 # Without these, recall after optimize() fell to 0.06: create them up front.
@@ -143,26 +206,36 @@ class EdgeView:
             raise ViewError(f"cannot open the Qdrant Edge view at {path}: {exc} "
                             "(one process owns a shard: is another worker running on this data dir?)") from exc
 
-    def _filter(self, user_id: str, match: dict[str, str], before: str | None = None):
+    def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
+                exclude: dict[str, str] | None = None):
         q = self._q
         conditions = [q.FieldCondition(key=k, match=q.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
         if before is not None:
             conditions.append(q.FieldCondition(key=TIMED, range=q.RangeDateTime(lte=before)))
+        if exclude:
+            return q.Filter(must=conditions, must_not=[q.FieldCondition(key=k, match=q.MatchValue(value=v))
+                                                       for k, v in exclude.items()])
         return q.Filter(must=conditions)
+
+    def _vectors(self, p: ViewPoint) -> dict[str, Any]:
+        if p.vector is None:
+            return {}
+        out = {VECTOR: _floats(p.vector)}
+        if self.lexical and p.payload.get("text"):
+            out[LEXICAL] = self._q.SparseVector(*document_terms(p.payload["text"]))
+        return out
 
     def upsert(self, points: Sequence[ViewPoint]) -> None:
         if points:
             q = self._q
             self._shard.update(q.UpdateOperation.upsert_points([
-                q.Point(p.id, {VECTOR: _floats(p.vector)} if p.vector is not None else {}, p.payload)
-                for p in points
-            ]))
+                q.Point(p.id, self._vectors(p), p.payload) for p in points]))
 
     def strip(self, ids: Sequence[str], payload: dict[str, Any], drop: Sequence[str]) -> None:
         if ids:
             ids, op = list(ids), self._q.UpdateOperation
-            self._shard.update(op.delete_vectors(ids, [VECTOR]))
+            self._shard.update(op.delete_vectors(ids, [VECTOR, LEXICAL] if self.lexical else [VECTOR]))
             self._shard.update(op.set_payload(ids, payload))
             if drop:
                 self._shard.update(op.delete_payload(ids, list(drop)))
@@ -193,6 +266,48 @@ class EdgeView:
             limit=k, query=q.Query.Nearest(_floats(v), using=VECTOR), filter=where, with_payload=True,
             params=q.SearchParams(exact=True)) for v in vectors]))
         return [[Hit(str(p.id), float(p.score), dict(p.payload)) for p in points] for points in found]
+
+    def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
+                      before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
+                      **match: str) -> list[list[Hit]]:
+        q, where = self._q, self._filter(user_id, match, before, exclude)
+        # IDF over the user's points of every kind (scores of an episode query
+        # and a belief query compare, so the two can be ranked together), and
+        # only those the query may see by time: IDF over points projected
+        # after `before` would make a cycle's evidence depend on how far the
+        # projector had read (the same log must give the same beliefs).
+        idf = q.SearchParams(idf=q.IdfParams(corpus=self._filter(user_id, {}, before, exclude)))
+        limit = max(PREFETCH, 2 * k)
+        requests = []
+        for vector, text in zip(vectors, texts):
+            halves = [q.Prefetch(limit=limit, query=q.Query.Nearest(_floats(vector), using=VECTOR), filter=where,
+                                 params=q.SearchParams(exact=True))]
+            terms = query_terms(text) if self.lexical else ([], [])
+            if terms[0]:  # a question of stopwords only has no BM25 half
+                halves.append(q.Prefetch(limit=limit, query=q.Query.Nearest(q.SparseVector(*terms), using=LEXICAL),
+                                         filter=where, params=idf))
+            requests.append(q.QueryRequest(limit=k, prefetches=halves, query=self._formula(scoring, len(halves)),
+                                           filter=where, with_payload=True))
+        found = self._shard.query_batch(q.QueryBatchRequest(requests))
+        return [[Hit(str(p.id), float(p.score), dict(p.payload)) for p in points] for points in found]
+
+    def _formula(self, s: Scoring, halves: int):
+        E, q = self._q.Expression, self._q
+        fused = E.Variable("$score[0]")
+        if halves > 1:
+            bm25 = E.Variable("$score[1]")
+            fused = E.Sum([fused, E.Mult([E.Constant(s.lexical), E.Div(
+                bm25, E.Sum([bm25, E.Constant(s.saturation)]), by_zero_default=0.0)])])
+        if s.recency and not s.now:
+            raise ValueError("a recency boost needs `now`")
+        if s.boosted:
+            boost = [E.Constant(1.0), E.Mult([E.Constant(s.importance), E.Variable("importance")])]
+            if s.recency:
+                boost.append(E.Mult([E.Constant(s.recency), E.Decay(
+                    q.DecayKind.Exp, E.DatetimeKey(TIMED), target=E.Datetime(s.now),
+                    scale=s.half_life_hours * 3600, midpoint=0.5)]))
+            fused = E.Mult([E.Max([fused, E.Constant(0.0)]), E.Sum(boost)])
+        return q.Formula(fused, defaults={"$score[0]": 0.0, "$score[1]": 0.0, "importance": 0.0})
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]:
         offset = None
@@ -242,14 +357,20 @@ class QdrantView:
         aliases = {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
         self.name = name or aliases.get(view, f"{view}-0001")
         self.target = self.name if name else view
+        self.lexical = True
         if not client.collection_exists(self.name):
             client.create_collection(self.name, vectors_config={
-                VECTOR: models.VectorParams(size=dim, distance=models.Distance.COSINE)})
+                VECTOR: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
+                sparse_vectors_config={LEXICAL: models.SparseVectorParams(modifier=models.Modifier.IDF)})
             client.create_payload_index(self.name, "user_id",
                                         models.KeywordIndexParams(type="keyword", is_tenant=True))
             for key in INDEXED[1:]:
                 client.create_payload_index(self.name, key, models.PayloadSchemaType.KEYWORD)
             client.create_payload_index(self.name, TIMED, models.PayloadSchemaType.DATETIME)
+        elif LEXICAL not in (client.get_collection(self.name).config.params.sparse_vectors or {}):
+            # Built before BM25 terms were stored: serve it dense-only until rebuilt.
+            self.lexical = False
+            log.warning("collection %s has no BM25 terms: recall is dense-only; %s", self.name, REBUILD)
         if view not in aliases and not name:
             client.update_collection_aliases([models.CreateAliasOperation(
                 create_alias=models.CreateAlias(collection_name=self.name, alias_name=view))])
@@ -262,26 +383,35 @@ class QdrantView:
         client = QdrantClient(url=url, api_key=api_key) if url else QdrantClient(path=path)
         return cls(client, view, dim)
 
-    def _filter(self, user_id: str, match: dict[str, str], before: str | None = None):
+    def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
+                exclude: dict[str, str] | None = None):
         m = self._m
         conditions = [m.FieldCondition(key=k, match=m.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
         if before is not None:
             conditions.append(m.FieldCondition(key=TIMED, range=m.DatetimeRange(lte=before)))
-        return m.Filter(must=conditions)
+        not_ = [m.FieldCondition(key=k, match=m.MatchValue(value=v)) for k, v in (exclude or {}).items()]
+        return m.Filter(must=conditions, must_not=not_ or None)
+
+    def _vectors(self, p: ViewPoint) -> dict[str, Any]:
+        if p.vector is None:
+            return {}
+        out = {VECTOR: _floats(p.vector)}
+        if self.lexical and p.payload.get("text"):
+            indices, values = document_terms(p.payload["text"])
+            out[LEXICAL] = self._m.SparseVector(indices=indices, values=values)
+        return out
 
     def upsert(self, points: Sequence[ViewPoint]) -> None:
         if points:
             self.client.upsert(self.target, [
-                self._m.PointStruct(id=p.id, payload=p.payload,
-                                    vector={VECTOR: _floats(p.vector)} if p.vector is not None else {})
-                for p in points
-            ])
+                self._m.PointStruct(id=p.id, payload=p.payload, vector=self._vectors(p)) for p in points])
 
     def strip(self, ids: Sequence[str], payload: dict[str, Any], drop: Sequence[str]) -> None:
         if ids:
             ids = list(ids)
-            self.client.delete_vectors(self.target, vectors=[VECTOR], points=ids)
+            self.client.delete_vectors(self.target, vectors=[VECTOR, LEXICAL] if self.lexical else [VECTOR],
+                                       points=ids)
             self.client.set_payload(self.target, payload=payload, points=ids)
             if drop:
                 self.client.delete_payload(self.target, keys=list(drop), points=ids)
@@ -309,6 +439,43 @@ class QdrantView:
             query=_floats(v), using=VECTOR, limit=k, filter=where, with_payload=True,
             params=m.SearchParams(exact=True)) for v in vectors])
         return [[Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in answer.points] for answer in found]
+
+    def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
+                      before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
+                      **match: str) -> list[list[Hit]]:
+        m, where = self._m, self._filter(user_id, match, before, exclude)
+        # IDF over the user's points of every kind it may see by time, as in EdgeView.
+        idf = m.SearchParams(idf=m.IdfCorpusParams(corpus=self._filter(user_id, {}, before, exclude)))
+        limit = max(PREFETCH, 2 * k)
+        requests = []
+        for vector, text in zip(vectors, texts):
+            halves = [m.Prefetch(query=_floats(vector), using=VECTOR, limit=limit, filter=where,
+                                 params=m.SearchParams(exact=True))]
+            indices, values = query_terms(text) if self.lexical else ([], [])
+            if indices:  # a question of stopwords only has no BM25 half
+                halves.append(m.Prefetch(query=m.SparseVector(indices=indices, values=values), using=LEXICAL,
+                                         limit=limit, filter=where, params=idf))
+            requests.append(m.QueryRequest(prefetch=halves, query=self._formula(scoring, len(halves)), limit=k,
+                                           filter=where, with_payload=True))
+        found = self.client.query_batch_points(self.target, requests=requests)
+        return [[Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in answer.points] for answer in found]
+
+    def _formula(self, s: Scoring, halves: int):
+        m = self._m
+        fused: Any = "$score[0]"
+        if halves > 1:
+            fused = m.SumExpression(sum=[fused, m.MultExpression(mult=[s.lexical, m.DivExpression(div=m.DivParams(
+                left="$score[1]", right=m.SumExpression(sum=["$score[1]", s.saturation]), by_zero_default=0.0))])])
+        if s.recency and not s.now:
+            raise ValueError("a recency boost needs `now`")
+        if s.boosted:
+            boost: list[Any] = [1.0, m.MultExpression(mult=[s.importance, "importance"])]
+            if s.recency:
+                boost.append(m.MultExpression(mult=[s.recency, m.ExpDecayExpression(exp_decay=m.DecayParamsExpression(
+                    x=m.DatetimeKeyExpression(datetime_key=TIMED), target=m.DatetimeExpression(datetime=s.now),
+                    scale=s.half_life_hours * 3600, midpoint=0.5))]))
+            fused = m.MultExpression(mult=[m.MaxExpression(max=[fused, 0.0]), m.SumExpression(sum=boost)])
+        return m.FormulaQuery(formula=fused, defaults={"$score[0]": 0.0, "$score[1]": 0.0, "importance": 0.0})
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]:
         offset = None

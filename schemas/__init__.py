@@ -171,6 +171,7 @@ class ReflectionCycleCompleted(Event):
     usage: dict[str, Any]
     reinforced: int | None = None
     error: str | None = None
+    drops: tuple[dict[str, str], ...] | None = None  # why each dropped insight was dropped (the first 64)
 
 
 RECORDS: dict[str, type[Event]] = {

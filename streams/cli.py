@@ -19,7 +19,8 @@ def _settings_flags() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("settings (each also a REFLECT_* environment variable)")
     for spec in SPECS:
-        group.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.name.upper(),
+        shape = {"action": "store_const", "const": "true"} if spec.switch else {"metavar": spec.name.upper()}
+        group.add_argument(spec.flag, dest=spec.name, default=None, **shape,
                            help=f"{spec.doc} [{spec.env}, default {spec.default!r}]")
     return common
 
@@ -95,9 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
         "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
-    bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild")
+    bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval")
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
     commands.add_parser("settings", parents=[common], help="print the resolved settings")
+    token = commands.add_parser("token", help="per-user API tokens (JWT) for the HTTP API")
+    token_cmd = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    mint = token_cmd.add_parser("mint", parents=[common], help=(
+        "print a signed token: HS256 with REFLECT_AUTH_SECRET, or RS256/ES256 with --private-key"))
+    mint.add_argument("--users", required=True, help="comma-separated user ids or prefix* patterns ('*': every user)")
+    mint.add_argument("--scope", required=True, help='space-separated: read, write, admin (e.g. "read write")')
+    mint.add_argument("--ttl", default="1h", help="lifetime: 90s, 15m, 1h, 30d (default 1h)")
+    mint.add_argument("--subject", default="", help="who the token is for (the sub claim, shown in logs)")
+    mint.add_argument("--private-key", default=None, metavar="PEM",
+                      help="RSA or EC P-256 private key file (the workers hold its public key)")
     dlq = commands.add_parser("dlq", help="the dead letters: list them, replay them after a fix")
     dlq_cmd = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     dlq_list = dlq_cmd.add_parser("list", parents=[common], help="print the dead letters the filters select")
@@ -177,6 +188,8 @@ def _run(args: argparse.Namespace) -> int:
         return _worker(settings)
     if args.command == "dlq":
         return _dlq(settings, args)
+    if args.command == "token":
+        return _mint(settings, args)
     raise AssertionError(args.command)
 
 
@@ -234,6 +247,23 @@ def _dlq(settings: Settings, args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, SelectionError) else 1
 
 
+def _mint(settings: Settings, args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from streams import auth
+
+    try:
+        claims = auth.claims_for(args.users.split(","), args.scope, auth.seconds_of(args.ttl), time.time(),
+                                 args.subject)
+        pem = Path(args.private_key).read_bytes() if args.private_key else None
+        print(auth.mint(claims, settings.auth_secret, pem))
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"reflect: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     # The benchmarks live with the tests (they use the test fixtures' worker
     # harness), so they run from a source checkout, not from an installed wheel.
@@ -276,6 +306,10 @@ def _worker(settings: Settings) -> int:
     from streams.app import create_app
     from streams.logs import configure, worker_options
 
+    from streams.auth import exposure_problem
+
+    if exposure_problem(settings):  # before anything touches the broker
+        raise SettingsError(exposure_problem(settings))
     configure(settings)  # until the worker applies the same configuration itself
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info

@@ -115,6 +115,41 @@ def _api_token(raw: str) -> Secret | None:
     return Secret(raw)
 
 
+def _auth_secret(raw: str) -> Secret | None:
+    # HS256 is only as strong as its secret: 32 bytes at least (RFC 7518 §3.2).
+    if raw == "":
+        return None
+    if len(raw.encode()) < 32:
+        raise ValueError("an HS256 secret needs 32 bytes at least (e.g. `openssl rand -hex 32`)")
+    return Secret(raw)
+
+
+def _public_key_file(raw: str) -> str | None:
+    # Read and typed at start-up: a key nobody can verify with must stop the worker, not every request.
+    path = _file(raw)
+    if path is not None:
+        from streams.auth import algorithm_of, public_key_from
+
+        algorithm_of(public_key_from(path))
+    return path
+
+
+def _flag(raw: str) -> bool:
+    value = raw.lower()
+    if value not in ("", "0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise ValueError("expected true or false")
+    return value in ("1", "true", "yes", "on")
+
+
+def _optional_cosine(raw: str) -> float | None:
+    if raw == "":
+        return None
+    value = float(raw)
+    if not -1.0 <= value <= 1.0:
+        raise ValueError("a cosine is within -1..1")
+    return value
+
+
 def _file(raw: str) -> str | None:
     if raw == "":
         return None
@@ -152,6 +187,11 @@ class Spec:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def switch(self) -> bool:
+        """A yes/no setting: its flag takes no value (`--insecure-no-auth`)."""
+        return self.parse is _flag
 
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -219,6 +259,17 @@ SPECS: tuple[Spec, ...] = (
          "Port of the worker's HTTP API."),
     Spec("api_token", "REFLECT_API_TOKEN", "", _api_token,
          "Bearer token every API route but /healthz requires, /metrics included (empty: no token)."),
+    Spec("auth_secret", "REFLECT_AUTH_SECRET", "", _auth_secret,
+         "HS256 secret that signs per-user tokens (`reflect token mint`); 32 bytes at least; never printed."),
+    Spec("auth_previous_secret", "REFLECT_AUTH_PREVIOUS_SECRET", "", _auth_secret,
+         "The secret being rotated out: tokens it signed are still accepted (needs auth_secret)."),
+    Spec("auth_public_key_file", "REFLECT_AUTH_PUBLIC_KEY_FILE", "", _public_key_file,
+         "PEM public key (RSA: RS256, EC P-256: ES256) that verifies per-user tokens signed elsewhere."),
+    Spec("auth_previous_public_key_file", "REFLECT_AUTH_PREVIOUS_PUBLIC_KEY_FILE", "", _public_key_file,
+         "The public key being rotated out: tokens it verifies are still accepted (needs auth_public_key_file)."),
+    Spec("insecure_no_auth", "REFLECT_INSECURE_NO_AUTH", "false", _flag,
+         "true: start with no authentication even when web_host is not a loopback address (a worker refuses "
+         "to otherwise)."),
     Spec("max_request_bytes", "REFLECT_MAX_REQUEST_BYTES", "1048576", _positive_int,
          "Largest request body the API reads; a larger one is answered 413."),
     Spec("log_format", "REFLECT_LOG_FORMAT", "text", _choice("text", "json"),
@@ -240,10 +291,10 @@ SPECS: tuple[Spec, ...] = (
          "batched: one call for the insights of all a cycle's questions; per-question: one call each."),
     Spec("anthropic_price", "REFLECT_ANTHROPIC_PRICE", "", _prices,
          "input,output,cache_write,cache_read USD per million tokens; empty: the list price of the model."),
-    Spec("user_daily_tokens", "REFLECT_USER_DAILY_TOKENS", "0", _count,
-         "Tokens one user's cycles may spend per UTC day (0: no limit)."),
-    Spec("daily_tokens", "REFLECT_DAILY_TOKENS", "0", _count,
-         "Tokens all cycles may spend per UTC day, split evenly over partitions (0: no limit)."),
+    Spec("user_daily_tokens", "REFLECT_USER_DAILY_TOKENS", "200000", _count,
+         "Tokens one user's cycles may spend per UTC day (0: no limit, explicitly)."),
+    Spec("daily_tokens", "REFLECT_DAILY_TOKENS", "5000000", _count,
+         "Tokens all cycles may spend per UTC day, split evenly over partitions (0: no limit, explicitly)."),
     Spec("breaker_failures", "REFLECT_BREAKER_FAILURES", "3", _positive_int,
          "Consecutive cycles the API fails (after retries) before the breaker opens."),
     Spec("breaker_cooldown", "REFLECT_BREAKER_COOLDOWN", "60.0", _positive_float,
@@ -256,7 +307,11 @@ SPECS: tuple[Spec, ...] = (
          "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
          "its request and no further (past it, the retraction goes on and the beliefs may depend on timing)."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "0.3", _unit,
-         "Cosine a belief needs to answer a pattern question (else episodes do); embedder-dependent."),
+         "Hybrid score (cosine + BM25 share, boosted) a belief needs to be served with a pattern "
+         "question's episodes; embedder-dependent."),
+    Spec("grounding_min_cosine", "REFLECT_GROUNDING_MIN_COSINE", "", _optional_cosine,
+         "Cosine a cited item needs to support a new belief; fewer than citation_floor such items and the "
+         "insight is dropped (empty: the embedder's own, minilm 0.35, hashing 0.05)."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -297,6 +352,15 @@ def _broker_security_problem(values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _rotation_problem(values: Mapping[str, Any]) -> str | None:
+    """A previous key without a current one is a rotation half done: refused."""
+    for previous, current in (("auth_previous_secret", "auth_secret"),
+                              ("auth_previous_public_key_file", "auth_public_key_file")):
+        if values[previous] and not values[current]:
+            return f"invalid settings: {_named(previous)} needs {_named(current)}"
+    return None
+
+
 @dataclass(frozen=True)
 class Settings:
     broker: str
@@ -327,6 +391,11 @@ class Settings:
     web_host: str
     web_port: int
     api_token: Secret | None
+    auth_secret: Secret | None
+    auth_previous_secret: Secret | None
+    auth_public_key_file: str | None
+    auth_previous_public_key_file: str | None
+    insecure_no_auth: bool
     max_request_bytes: int
     log_format: str
     log_level: str
@@ -345,6 +414,7 @@ class Settings:
     refresh_timeout: float
     cycle_wait: float
     recall_min_score: float
+    grounding_min_cosine: float | None
     threshold: float
     min_episodes: int
     salience_cut: float
@@ -364,11 +434,11 @@ class Settings:
                 values[spec.name] = spec.parse(raw.strip())
             except ValueError as exc:
                 source = spec.flag if given is not None else spec.env
-                shown = "'***'" if spec.parse in (_secret, _api_token) else repr(raw)
+                shown = "'***'" if spec.parse in (_secret, _api_token, _auth_secret) else repr(raw)
                 raise SettingsError(
                     f"invalid setting {spec.name} ({source}={shown}): {exc}"
                 ) from None
-        problem = _broker_security_problem(values)
+        problem = _broker_security_problem(values) or _rotation_problem(values)
         if problem:
             raise SettingsError(problem)
         return cls(**values)

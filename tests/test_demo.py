@@ -35,9 +35,14 @@ def assert_grounded(result: dict) -> None:
     assert {b["depth"] for b in beliefs.values()} == {1, 2}  # beliefs over beliefs, never past max_depth
 
 
-def test_demo_forms_cited_beliefs_that_find_the_planted_patterns():
+def held(result: dict) -> set:
+    return {(b["reflection_id"], b["text"], tuple(sorted(b["evidence_ids"])), b["status"]) for b in result["beliefs"]}
+
+
+def test_demo_forms_cited_beliefs_that_find_the_planted_patterns_and_the_same_ones_twice():
     result = demo()
     assert_grounded(result)
+    assert held(demo()) == held(result)  # the same log gives the same beliefs, whatever the timing
     found = [p["pattern"] for p in result["patterns"] if p["found"]]
     assert len(found) >= 3, result["patterns"]
     assert result["score"] == f"{len(found)}/4"

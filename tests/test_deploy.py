@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import tomllib
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -395,3 +396,37 @@ def test_a_container_selection_without_docker_skips_with_the_reason(tmp_path, va
     assert run.returncode == 0, out  # skipped, not failed, errored, or 5 (nothing collected)
     assert "1 skipped" in out and "passed" not in out, out
     assert f"{variable}={value} needs a Docker engine" in out, out
+
+
+# --- auth on, as shipped (issue 22, fail closed) ----------------------------------
+
+def test_compose_and_manifests_ship_with_auth_on():
+    from streams.auth import exposure_problem
+
+    worker = compose()["services"]["worker"]
+    # Compose refuses to start without the secret (${VAR:?message}), rather than start exposed.
+    assert re.fullmatch(r"\$\{REFLECT_AUTH_SECRET:\?[^}]+\}", worker["environment"]["REFLECT_AUTH_SECRET"])
+    given = {**service_env(worker), "REFLECT_AUTH_SECRET": "k" * 64}
+    assert exposure_problem(Settings.load(env=given)) is None
+    assert exposure_problem(Settings.load(env=service_env(worker))) is not None  # unset: the worker would refuse
+    assert "REFLECT_INSECURE_NO_AUTH" not in worker["environment"]
+    # Prometheus scrapes /metrics (admin) with a token file compose mounts as a secret.
+    job = load_yaml(DEPLOY / "prometheus.yml")["scrape_configs"][0]
+    token_file = job["authorization"]["credentials_file"]
+    services = compose()["services"]
+    [secret] = services["prometheus"]["secrets"]
+    assert token_file == f"/run/secrets/{secret}" and secret in compose()["secrets"]
+
+    env = {e["name"]: e for e in container("Deployment")["env"]}
+    ref = env["REFLECT_AUTH_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == one("Secret")["metadata"]["name"] and not ref.get("optional")
+    assert "REFLECT_AUTH_SECRET" in one("Secret")["stringData"]
+    assert "REFLECT_INSECURE_NO_AUTH" not in one("ConfigMap")["data"]
+    pod = k8s_settings()
+    assert pod.web_host == "0.0.0.0" and exposure_problem(pod) is not None  # the empty placeholder: refused
+    assert exposure_problem(replace(pod, auth_secret="k" * 64)) is None
+
+
+def test_daily_token_budgets_are_finite_by_default():
+    s = Settings.load(env={})
+    assert 0 < s.user_daily_tokens <= s.daily_tokens

@@ -281,13 +281,17 @@ def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loo
 def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker):
     from messages_api import MessagesServer, tool_answer
 
+    from processors.anthropic_reasoner import PROMPT_VERSION
+
     api = MessagesServer({
         "record_questions": tool_answer("record_questions", {"questions": ["What goes wrong with auth deploys?"]}),
         "record_insights": tool_answer("record_insights", {"insights": [
             {"question": 1, "text": "Auth deploys fail on tokens", "citations": [1, 2, 2]},
             {"question": 1, "text": "Cite everything", "citations": [0, -1, 99, 100]},
             {"question": 1, "text": "Only one", "citations": [3]},
-            {"question": 1, "text": "Out of range but two valid", "citations": [1, 3, 57]}]})})
+            {"question": 1, "text": "Out of range but two valid: auth deploy tokens failed", "citations": [1, 3, 57]},
+            # cites two valid statements, but says nothing they support (the grounding check)
+            {"question": 1, "text": "Ungrounded: the user collects stamps", "citations": [2, 3]}]})})
     try:
         s = replace(settings, threshold=2.0, min_episodes=3, reasoner="anthropic")
         run(ensure_topics(s))
@@ -297,11 +301,14 @@ def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker
         events = run(_read_until_cycles(s, 2))
         for user in ("ivy", "jon"):
             created = [e for e in events if e["type"] == "ReflectionCreated" and e["user_id"] == user]
-            assert sorted(e["text"] for e in created) == ["Auth deploys fail on tokens", "Out of range but two valid"]
+            assert sorted(e["text"] for e in created) == ["Auth deploys fail on tokens",
+                                                          "Out of range but two valid: auth deploy tokens failed"]
             assert all(len(e["evidence_ids"]) == 2 and all(i.startswith(f"{user}-") for i in e["evidence_ids"])
-                       and e["reasoner"] == "anthropic" and e["prompt_version"] == "anthropic-v1" for e in created)
+                       and e["reasoner"] == "anthropic" and e["prompt_version"] == PROMPT_VERSION for e in created)
             [audit] = [e for e in events if e["type"] == "ReflectionCycleCompleted" and e["user_id"] == user]
-            assert audit["dropped"] == 2 and audit["usage"]["calls"] == 2 and audit["usage"]["input_tokens"] == 200
+            assert [d["text"] for d in audit["drops"] if d["reason"].startswith("not grounded")] == [
+                "Ungrounded: the user collects stamps"]
+            assert audit["dropped"] == len(audit["drops"]) == 3 and audit["usage"]["calls"] == 2 and audit["usage"]["input_tokens"] == 200
     finally:
         api.close()
 

@@ -213,7 +213,7 @@ class DownFromFirstSearch(Outage):
     searching = False
 
     def __call__(self, name, args, kwargs) -> bool:
-        self.searching = self.searching or name == "search_many"
+        self.searching = self.searching or name in ("search_many", "search_hybrid")
         return self.searching and super().__call__(name, args, kwargs)
 
 

@@ -157,7 +157,7 @@ def test_the_faust_app_takes_guarantee_web_host_and_body_limit_from_settings():
     from streams.app import faust_app
 
     s = Settings.load(env={"REFLECT_PROCESSING_GUARANTEE": "exactly_once", "REFLECT_WEB_HOST": "0.0.0.0",
-                           "REFLECT_MAX_REQUEST_BYTES": "4096"})
+                           "REFLECT_MAX_REQUEST_BYTES": "4096", "REFLECT_API_TOKEN": "t" * 32})
     conf = faust_app(s).conf
     assert conf.processing_guarantee.value == "exactly_once"
     assert (conf.web_host, conf.web_bind) == ("0.0.0.0", "0.0.0.0")  # bind: what the server listens on

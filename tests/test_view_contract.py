@@ -148,3 +148,139 @@ def test_a_successor_fills_while_the_view_serves_then_takes_its_place(make_view)
     new.close()
     again = make_view("beliefs")  # what a restart opens under the stable name
     assert again.name == new.name != old_name and again.count("alice") == 5
+
+
+# ------------------------------------------------------------ hybrid retrieval
+
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+
+
+def worded(n: int, user: str = "alice", text: str | None = None, **payload) -> ViewPoint:
+    rng = np.random.default_rng(1000 + n)
+    text = text or " ".join(rng.choice(WORDS, 6))
+    return ViewPoint(pid(n), unit(n), {"user_id": user, "kind": "episode", "status": "recorded", "text": text,
+                                       "occurred_at": "2026-06-01T00:00:00Z", **payload})
+
+
+def test_hybrid_finds_the_point_a_rare_term_names_where_the_vector_alone_misses(make_view):
+    view = make_view()
+    view.upsert([worded(i) for i in range(30)] + [worded(30, text="zanzibar incident report alpha")])
+    # A vector that is no point's: dense alone ranks point 30 low, BM25 on "zanzibar" lifts it to the top.
+    from processors.view import Scoring
+
+    dense = [h.id for h in view.search("alice", unit(999), k=31)]
+    assert dense.index(pid(30)) > 10
+    [hits] = view.search_hybrid("alice", [unit(999)], ["what about zanzibar?"], k=5, scoring=Scoring(lexical=2.0))
+    assert hits[0].id == pid(30)
+    assert hits[0].score > hits[1].score and all(h.payload["user_id"] == "alice" for h in hits)
+
+
+def test_hybrid_without_a_term_in_common_ranks_by_cosine_alone(make_view):
+    view = make_view()
+    view.upsert([worded(i) for i in range(20)])
+    [hits] = view.search_hybrid("alice", [unit(3)], ["nothing shared here"], k=6)
+    plain = view.search("alice", unit(3), k=6)
+    assert [h.id for h in hits] == [h.id for h in plain]
+    assert [round(h.score, 4) for h in hits] == [round(h.score, 4) for h in plain]  # fused = cosine
+
+
+def test_hybrid_is_scoped_filtered_and_batched(make_view):
+    view = make_view()
+    view.upsert([worded(i, "alice") for i in range(10)] + [worded(10, "bob", text="zanzibar zanzibar")]
+                + [worded(11, "alice", text="zanzibar later", occurred_at="2026-07-01T00:00:00Z")]
+                + [worded(12, "alice", text="zanzibar belief", kind="reflection", status="live")])
+    a, b = view.search_hybrid("alice", [unit(1), unit(2)], ["zanzibar", "zanzibar"], k=20,
+                              before="2026-06-15T00:00:00Z", kind="episode", status="recorded")
+    assert {h.id for h in a} == {pid(i) for i in range(10)} == {h.id for h in b}  # not bob's, not later, not beliefs
+    [beliefs] = view.search_hybrid("alice", [unit(1)], ["zanzibar"], k=5, kind="reflection")
+    assert [h.id for h in beliefs] == [pid(12)]
+    assert view.search_hybrid("alice", [], [], k=3) == []
+
+
+def test_the_engine_applies_importance_and_recency_in_its_formula(make_view):
+    from processors.view import Scoring
+
+    view = make_view()
+    same = unit(5)  # one vector for all: cosine 1, so the boosts alone separate them
+    view.upsert([ViewPoint(pid(i), same, {"user_id": "alice", "text": "plain words", "importance": imp,
+                                          "occurred_at": at})
+                 for i, (imp, at) in enumerate([(0.0, "2026-06-10T00:00:00Z"), (0.8, "2026-06-10T00:00:00Z"),
+                                                (0.0, "2026-05-11T00:00:00Z")])])
+    scoring = Scoring(importance=0.5, recency=1.0, half_life_hours=24 * 30, now="2026-06-10T00:00:00Z")
+    [hits] = view.search_hybrid("alice", [same], ["zzz"], k=3, scoring=scoring)
+    got = {h.id: h.score for h in hits}
+    # 1 · (1 + 0.5 · importance + 1.0 · decay), decay 1 now and 0.5 one half-life back.
+    assert got[pid(0)] == pytest.approx(2.0, abs=1e-3)
+    assert got[pid(1)] == pytest.approx(2.4, abs=1e-3)
+    assert got[pid(2)] == pytest.approx(1.5, abs=1e-3)
+    assert [h.id for h in hits] == [pid(1), pid(0), pid(2)]
+    with pytest.raises(ValueError, match="needs `now`"):
+        view.search_hybrid("alice", [same], ["x"], k=3, scoring=Scoring(recency=1.0))
+
+
+def test_a_stripped_point_is_not_found_by_its_terms_either(make_view):
+    view = make_view()
+    view.upsert([worded(i) for i in range(5)] + [worded(5, text="zanzibar")])
+    view.strip([pid(5)], {"status": "retracted"}, drop=["text"])
+    [hits] = view.search_hybrid("alice", [unit(5)], ["zanzibar"], k=10)
+    assert pid(5) not in {h.id for h in hits} and len(hits) == 5
+
+
+def old_layout(kind: str, tmp_path):
+    """A view as built before BM25 terms were stored: dense vectors only."""
+    if kind == "edge":
+        import qdrant_edge as q
+        from processors.view import _active_name
+
+        root = tmp_path / "old-edge"
+        shard = q.EdgeShard.create(str(root / _active_name(root, "reflect")), q.EdgeConfig(
+            vectors={"text": q.EdgeVectorParams(size=DIM, distance=q.Distance.Cosine)}))
+        shard.update(q.UpdateOperation.upsert_points([q.Point(p.id, {"text": p.vector}, p.payload)
+                                                      for p in [worded(i) for i in range(8)]]))
+        shard.flush()
+        shard.close()
+        return lambda: EdgeView(root, "reflect", DIM)
+    from qdrant_client import QdrantClient, models
+
+    client = QdrantClient(path=str(tmp_path / "old-qdrant"))
+    client.create_collection("reflect-0001", vectors_config={
+        "text": models.VectorParams(size=DIM, distance=models.Distance.COSINE)})
+    client.upsert("reflect-0001", [models.PointStruct(id=p.id, vector={"text": p.vector}, payload=p.payload)
+                                   for p in [worded(i) for i in range(8)]])
+    return lambda: QdrantView(client, "reflect", DIM)
+
+
+@pytest.mark.parametrize("kind", ["edge", "qdrant-local"])
+def test_a_view_built_before_bm25_serves_dense_only_and_its_successor_is_hybrid(kind, tmp_path, caplog):
+    view = old_layout(kind, tmp_path)()
+    try:
+        assert view.lexical is False and "reflect rebuild" in caplog.text
+        [hits] = view.search_hybrid("alice", [unit(2)], ["anything"], k=3)
+        assert [h.id for h in hits] == [h.id for h in view.search("alice", unit(2), k=3)]
+        view.upsert([worded(20, text="zanzibar")])  # still writable
+        view.strip([pid(20)], {"status": "retracted"}, drop=["text"])
+        new = view.successor()
+        new.upsert([worded(i) for i in range(8)] + [worded(9, text="zanzibar")])
+        assert new.lexical is True
+        from processors.view import Scoring
+
+        lifted = new.search_hybrid("alice", [unit(997)], ["zanzibar"], k=1, scoring=Scoring(lexical=2.0))
+        assert lifted[0][0].id == pid(9) != new.search("alice", unit(997), k=1)[0].id
+    finally:
+        view.close()
+
+
+def test_hybrid_scores_up_to_a_time_ignore_what_was_projected_after_it(make_view):
+    """A cycle's evidence must not depend on how far the projector had read:
+    BM25 statistics are taken over what the query may see, not the whole store."""
+    view = make_view()
+    view.upsert([worded(i, text=f"zanzibar {WORDS[i]}" if i < 3 else None) for i in range(10)])
+    ask = lambda: [(h.id, round(h.score, 5)) for h in view.search_hybrid(  # noqa: E731
+        "alice", [unit(99)], ["zanzibar"], k=10, before="2026-06-01T00:00:00Z")[0]]
+    first = ask()
+    view.upsert([worded(100 + i, text="zanzibar again", occurred_at="2026-07-01T00:00:00Z") for i in range(20)])
+    assert ask() == first
+    view.upsert([worded(200, text="zanzibar excluded", cycle_id="c1")])
+    with_it = [(h.id, round(h.score, 5)) for h in view.search_hybrid(
+        "alice", [unit(99)], ["zanzibar"], k=10, before="2026-06-01T00:00:00Z", exclude={"cycle_id": "c1"})[0]]
+    assert with_it == first

@@ -8,11 +8,12 @@ heartbeats and agents. Errors are `{"error": {"code", "message", "field"?}}`
 with a 4xx status; an unexpected failure is logged and answered as a JSON
 500, never with a trace.
 
-With `api_token` set every route but /healthz wants `Authorization: Bearer
-<token>` (401 otherwise); /healthz stays open because probes carry no
-credentials and it tells nothing but readiness. /metrics is guarded too: it
-names topics and partitions, and Prometheus sends a bearer token
-(`authorization: {credentials_file: …}` in its scrape config). A body over
+With a credential configured (the shared `api_token`, an `auth_secret` or an
+`auth_public_key_file`) every route but /healthz and /livez wants
+`Authorization: Bearer <token>`: 401 without a valid one, 403 when it does not
+grant the route's scope or user (streams/auth.py has the route → scope map).
+The probes stay open because they carry no credentials and tell nothing but
+readiness. /metrics needs `admin`: it names topics and partitions. A body over
 `max_request_bytes` is refused with 413 before the handler reads it when
 Content-Length says so, and while it is read otherwise (chunked).
 """

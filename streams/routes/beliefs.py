@@ -1,5 +1,7 @@
 """A user's live beliefs, as JSON or as a system-prompt block; or those held
-at a past time (`as_of`)."""
+at a past time (`as_of`). The block presents them as observations about the
+user, never as instructions (processors/retrieval.prompt_block): a belief's
+text is data written by a model from episode text."""
 
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ class Beliefs(View):
         answer = {"user_id": user_id,
                   "beliefs": await asyncio.to_thread(live_beliefs, ctx.view, user_id, limit, at)}
         if form == "prompt":
-            text, shown = prompt_block(answer["beliefs"], budget)
-            answer = {"user_id": user_id, "prompt": text, "beliefs": shown, "budget_tokens": budget}
+            text, shown, withheld = prompt_block(answer["beliefs"], budget)
+            answer = {"user_id": user_id, "prompt": text, "beliefs": shown, "budget_tokens": budget,
+                      "withheld": withheld}
         return self.json({**answer, **({"as_of": at} if at else {"freshness": fresh})})
 
 

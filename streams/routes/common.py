@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +17,11 @@ from faust.web import Request, Response, View
 from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
 from schemas import ContractError, parse_time
+from streams import auth
 from streams.rebuild import Progress
+from streams.settings import SettingsError
 
 log = logging.getLogger("reflect.api")
-OPEN_PATHS = frozenset({"/healthz", "/livez"})  # probes carry no token
 SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
@@ -98,29 +98,48 @@ def too_large(limit: int) -> ApiError:
                                       "(REFLECT_MAX_REQUEST_BYTES)", "(body)")
 
 
-def bearer_ok(header: str | None, token: str) -> bool:
-    """Whether an Authorization header carries the token; constant-time, so the
-    answer's timing tells nothing about how much of a guess was right."""
-    scheme, _, given = (header or "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+def _refused(error: AuthError) -> web.Response:
+    """401 with a Bearer challenge (RFC 6750), or 403 naming the scope asked for."""
+    if error.status == 401:
+        challenge, code = 'Bearer realm="reflect", error="invalid_token"', "unauthorized"
+    else:
+        challenge, code = f'Bearer realm="reflect", error="insufficient_scope", scope="{error.scope}"', "forbidden"
+    return _error_response(ApiError(error.status, code, error.message, error.field), {"WWW-Authenticate": challenge})
 
 
-def _unauthorized(header: str | None) -> web.Response:
-    challenge = 'Bearer realm="reflect"' + (', error="invalid_token"' if header else "")
-    return _error_response(ApiError(401, "unauthorized", "a valid bearer token is required "
-                                    "(Authorization: Bearer <REFLECT_API_TOKEN>)"),
-                           {"WWW-Authenticate": challenge})
+def _route_of(request: web.Request) -> str | None:
+    """The template of the route the router matched (/v1/users/{user_id}/…), None if none did."""
+    resource = getattr(request.match_info.route, "resource", None)
+    return resource.canonical if resource is not None else None
 
 
-def guard(token: str | None, limit: int):
+def admitted(request: web.Request, keys: auth.Keys) -> web.Response | None:
+    """The refusal of a request its credential does not cover, else None. The
+    user checked is the router's own `user_id`: the one the handler will read."""
+    need = auth.need_of(request.method, _route_of(request))
+    if need is None or not keys.configured:
+        return None
+    header = request.headers.get("Authorization")
+    try:
+        grant = auth.credential_of(header, keys)
+    except auth.AuthError as error:
+        response = _refused(error)
+        if header is None:  # no credential at all: the plain challenge (RFC 6750 §3)
+            response.headers["WWW-Authenticate"] = 'Bearer realm="reflect"'
+        return response
+    error = auth.refusal(grant, need, request.match_info.get("user_id"))
+    return _refused(error) if error else None
+
+
+def guard(keys: auth.Keys, limit: int):
     """aiohttp middleware in front of every route, Faust's own included: the
-    bearer token, the declared body size, and JSON for the router's errors."""
+    credential and what it grants, the declared body size, and JSON for the
+    router's errors."""
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if token and request.path not in OPEN_PATHS:
-            header = request.headers.get("Authorization")
-            if not bearer_ok(header, str(token)):
-                return _unauthorized(header)
+        refused = admitted(request, keys)
+        if refused is not None:
+            return refused
         if request.content_length is not None and request.content_length > limit:
             return _error_response(too_large(limit))
         try:
@@ -135,9 +154,17 @@ def guard(token: str | None, limit: int):
 
 def web_options(settings) -> dict[str, Any]:
     """faust.App(web_application_options=…): aiohttp's own body limit (what a
-    read of a chunked body stops at) and the guard."""
+    read of a chunked body stops at) and the guard. Every worker's web server
+    is built here, so this is where one exposed without credentials is refused."""
+    problem = auth.exposure_problem(settings)
+    if problem:
+        raise SettingsError(problem)
+    try:
+        keys = auth.keys_of(settings)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"invalid setting auth_public_key_file: {exc}") from None
     return {"client_max_size": settings.max_request_bytes,
-            "middlewares": [guard(settings.api_token, settings.max_request_bytes)]}
+            "middlewares": [guard(keys, settings.max_request_bytes)]}
 
 
 async def json_body(request: Request, required: bool = True) -> dict[str, Any]:

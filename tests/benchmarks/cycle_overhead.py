@@ -96,6 +96,9 @@ class WholeStore:
     def search_many(self, user_id, vectors, k, before=None, **match) -> list[list[Hit]]:
         return [self.search(user_id, v, k, before, **match) for v in vectors]
 
+    def search_hybrid(self, user_id, vectors, texts, k, before=None, scoring=None, **match) -> list[list[Hit]]:
+        return self.search_many(user_id, vectors, k, before, **match)  # the naive design has no BM25
+
     def __getattr__(self, name):  # everything but the evidence search as the view does it
         return getattr(self.view, name)
 

@@ -58,8 +58,8 @@ from conftest import Worker  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.reasoners import _shared_terms  # noqa: E402
-from processors.reflection import Candidate, rerank  # noqa: E402
-from processors.retrieval import RECALL_WEIGHTS, recall  # noqa: E402
+from processors.reflection import Candidate, Weights, rerank  # noqa: E402
+from processors.retrieval import recall  # noqa: E402
 from processors.view import EdgeView, ViewPoint  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated  # noqa: E402
 from streams.api import live_beliefs  # noqa: E402
@@ -70,6 +70,8 @@ from suite_figures import figure, print_scenario, target  # noqa: E402
 
 DIM, VIEW, BATCH = 384, "reflect", 2000
 SYNTHESIS = "baseline read-time synthesis"
+# The baseline's Python rerank (what recall did before the engine's formula).
+RECALL_WEIGHTS = Weights(recency=0.5, importance=0.5, similarity=2.0)
 VERBS = ("retried fixed reverted merged reviewed deployed skipped pinned bumped rolled cached mocked "
          "rebased squashed profiled refactored linted debugged").split()
 NOUNS = ("flaky test, auth token, db migration, redis cache, staging deploy, prod alert, ci pipeline, "
@@ -213,6 +215,10 @@ class TimedShard:
         with self._clock("{kind}:edge"):
             return self._shard.query(*a, **kw)
 
+    def query_batch(self, *a, **kw):  # what search_hybrid calls
+        with self._clock("{kind}:edge"):
+            return self._shard.query_batch(*a, **kw)
+
     def retrieve(self, *a, **kw):
         with self._clock("evidence:edge"):
             return self._shard.retrieve(*a, **kw)
@@ -225,10 +231,10 @@ class TimedView:
     def __init__(self, view: EdgeView, clock: Clock) -> None:
         self._view, self._clock = view, clock
 
-    def search(self, user_id, vector, k, before=None, **match):
+    def search_hybrid(self, user_id, vectors, texts, k, before=None, scoring=None, **match):
         self._clock.kind = match.get("kind", "")
         with self._clock("{kind}:view"):
-            return self._view.search(user_id, vector, k, before, **match)
+            return self._view.search_hybrid(user_id, vectors, texts, k, before, scoring, **match)
 
     def get(self, ids):
         with self._clock("evidence:view"):
@@ -251,13 +257,13 @@ class TimedEmbedder:
 @contextlib.contextmanager
 def timed_steps(clock: Clock):
     """recall's own steps (module globals of processors.retrieval) wrapped in timers; restored after."""
-    real = {name: getattr(retrieval, name) for name in ("_search", "_evidence", "rerank")}
-    labels = {"_search": "{kind}", "_evidence": "evidence", "rerank": "rerank"}
+    real = {name: getattr(retrieval, name) for name in ("_search", "_evidence")}
+    labels = {"_search": "{kind}", "_evidence": "evidence"}
 
     def wrap(name):
         def timed(*a, **kw):
             if name == "_search":
-                clock.kind = a[4] if len(a) > 4 else kw["kind"]
+                clock.kind = a[5] if len(a) > 5 else kw["kind"]
             with clock(labels[name]):
                 return real[name](*a, **kw)
         return timed
@@ -272,11 +278,10 @@ def timed_steps(clock: Clock):
 
 
 ROWS = (("embed", "embed the question"),
-        ("reflection", "search beliefs (_search: 40 live)"), ("reflection:view", "  view.search"),
+        ("reflection", "search beliefs (_search: 10 live)"), ("reflection:view", "  view.search_hybrid"),
         ("reflection:edge", "    Edge shard.query"),
-        ("episode", "search episodes (_search: 40 recorded)"), ("episode:view", "  view.search"),
+        ("episode", "search episodes (_search: 10 recorded)"), ("episode:view", "  view.search_hybrid"),
         ("episode:edge", "    Edge shard.query"),
-        ("rerank", "rerank to 10"),
         ("evidence", "evidence (_evidence)"), ("evidence:view", "  view.get"),
         ("evidence:edge", "    Edge shard.retrieve"),
         ("other", "other (route, now, results)"))

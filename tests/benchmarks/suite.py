@@ -5,7 +5,8 @@
 
 Scenarios (each module also runs alone, see its docstring): ingest, cycle
 (overhead vs store size), read (beliefs and recall vs read-time synthesis,
-and the worker's memory), invalidation, rebuild. `--quick` runs smaller sizes
+and the worker's memory), invalidation, rebuild, retrieval (evidence recall
+of hybrid vs plain cosine vs BM25 alone, by question type). `--quick` runs smaller sizes
 (under 5 minutes on 2 cores); the full run is what the README's table shows.
 """
 
@@ -36,6 +37,7 @@ SIZES = {
     "invalidation": ({"sizes": [1000, 10000], "retractions": 20},
                      {"sizes": [1000, 10000, 100000], "retractions": 40}),
     "rebuild": ({"n": 5000}, {"n": 20000}),
+    "retrieval": ({"embedder": "minilm"}, {"embedder": "minilm"}),
 }
 
 
@@ -55,6 +57,9 @@ def scenario(name: str, size: dict) -> dict:
     if name == "rebuild":
         import rebuild
         return rebuild.measure(size["n"])
+    if name == "retrieval":
+        import retrieval_quality
+        return retrieval_quality.measure(size["embedder"])
     raise ValueError(f"no scenario {name!r} (known: {', '.join(SIZES)})")
 
 
