@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import orjson
@@ -24,7 +24,6 @@ from streams.topics import ensure_topics
 
 FAILED_AT = datetime(2025, 6, 1, 10, 0, tzinfo=timezone.utc)  # the past outage
 EARLIER = datetime(2025, 5, 1, 10, 0, tzinfo=timezone.utc)  # outside the replayed range
-IN_RANGE = ["--since", "2025-06-01T00:00:00Z", "--until", "2025-06-02T00:00:00Z"]
 
 
 def letter(source="episodes", stage="project", at=FAILED_AT, error=None) -> DeadLetter:
@@ -147,6 +146,18 @@ def _wait_consumed(settings: Settings) -> None:
              30, "the worker's group to commit past the replayed events", every=0.3)
 
 
+def _recent() -> tuple[datetime, datetime, list[str]]:
+    """An outage an hour ago, a failure two days before it, and the replayed
+    range around the outage: dead letters dated within the broker's retention
+    (noida-db, like Kafka, deletes records older than retention.ms by their
+    timestamp — letters dated 2025 were gone before the replay read them)."""
+    failed_at = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+    def rfc3339(at: datetime) -> str:
+        return at.isoformat().replace("+00:00", "Z")
+    window = ["--since", rfc3339(failed_at - timedelta(minutes=30)), "--until", rfc3339(failed_at + timedelta(minutes=30))]
+    return failed_at, failed_at - timedelta(days=2), window
+
+
 def _failure(source: str, stage: str, error: Exception) -> list:
     return dead_letter_headers(source, 0, 5, error, stage)
 
@@ -155,17 +166,18 @@ def _failure(source: str, stage: str, error: Exception) -> list:
 def test_replay_publishes_the_selected_dead_letters_once_in_effect(settings, worker):
     run(ensure_topics(settings))
     episodes, outage = settings.topic_episodes, RuntimeError("view unavailable")
+    failed_at, earlier, in_range = _recent()
     planted = [
-        (b"dana", _episode("ep-1"), _failure(episodes, "project", outage), FAILED_AT),
-        (b"dana", _episode("ep-2"), _failure(episodes, "project", outage), FAILED_AT),
-        (b"dana", _episode("ep-3"), _failure(episodes, "invalidate", outage), FAILED_AT),  # another stage
-        (b"dana", _episode("ep-4"), _failure(episodes, "project", outage), EARLIER),  # outside the range
-        (b"dana", _episode("ep-5"), _failure("billing", "project", outage), FAILED_AT),  # not Reflect's
+        (b"dana", _episode("ep-1"), _failure(episodes, "project", outage), failed_at),
+        (b"dana", _episode("ep-2"), _failure(episodes, "project", outage), failed_at),
+        (b"dana", _episode("ep-3"), _failure(episodes, "invalidate", outage), failed_at),  # another stage
+        (b"dana", _episode("ep-4"), _failure(episodes, "project", outage), earlier),  # outside the range
+        (b"dana", _episode("ep-5"), _failure("billing", "project", outage), failed_at),  # not Reflect's
     ]
     run(_plant(settings, planted))
     w = worker()
 
-    out = _reflect(settings, "replay", "--stage", "project", *IN_RANGE)
+    out = _reflect(settings, "replay", "--stage", "project", *in_range)
     assert "replayed 2, skipped 2 by filter, 1 from a topic that is not Reflect's" in out.stdout
     assert "its source topic 'billing' is not one of Reflect's" in out.stdout
     for episode in ("ep-1", "ep-2"):
@@ -182,9 +194,9 @@ def test_replay_publishes_the_selected_dead_letters_once_in_effect(settings, wor
     assert [origin[dict(m.headers)[REPLAYED_FROM].decode()] for m in replayed] == [(m.key, m.value) for m in replayed]
 
     # A dry run publishes nothing; a second replay changes nothing downstream.
-    assert "would replay 2" in _reflect(settings, "replay", "--dry-run", "--stage", "project", *IN_RANGE).stdout
+    assert "would replay 2" in _reflect(settings, "replay", "--dry-run", "--stage", "project", *in_range).stdout
     assert len(_read(settings, episodes)) == 2
-    _reflect(settings, "replay", "--stage", "project", *IN_RANGE)
+    _reflect(settings, "replay", "--stage", "project", *in_range)
     assert len(_read(settings, episodes)) == 4
     _wait_consumed(settings)
     assert w.stats("dana") == stats
@@ -196,12 +208,13 @@ def test_replay_publishes_the_selected_dead_letters_once_in_effect(settings, wor
 def test_a_malformed_dead_letter_replayed_is_dead_lettered_again_with_its_reason(settings, worker):
     run(ensure_topics(settings))
     malformed = b'{"type": "EpisodeRecorded", "user_id": '
+    failed_at = _recent()[0]
     planted = [
         (b"mallory", malformed, _failure(settings.topic_episodes, "decode", ContractError("(payload)", "not JSON")),
-         FAILED_AT),
+         failed_at),
         # Refused before a fix of the contract, accepted now: replayed, it is projected.
         (b"mallory", _episode("fixed", "mallory"),
-         _failure(settings.topic_episodes, "decode", ContractError("schema_version", "unsupported")), FAILED_AT),
+         _failure(settings.topic_episodes, "decode", ContractError("schema_version", "unsupported")), failed_at),
     ]
     run(_plant(settings, planted))
     w = worker()
