@@ -98,7 +98,7 @@ def too_large(limit: int) -> ApiError:
                                       "(REFLECT_MAX_REQUEST_BYTES)", "(body)")
 
 
-def _refused(error: AuthError) -> web.Response:
+def _refused(error: auth.AuthError) -> web.Response:
     """401 with a Bearer challenge (RFC 6750), or 403 naming the scope asked for."""
     if error.status == 401:
         challenge, code = 'Bearer realm="reflect", error="invalid_token"', "unauthorized"
