@@ -258,7 +258,7 @@ class EdgeView:
 
     def search_many(self, user_id: str, vectors: Sequence[Sequence[float]], k: int, before: str | None = None,
                     **match: str) -> list[list[Hit]]:
-        # Exact per user (recall, see DESIGN.md): the cost is a scan of the
+        # Exact per user (filtered HNSW lost recall here, 0.68 vs 1.0): the cost is a scan of the
         # user's points, and a batch evaluates the filter once for all vectors
         # (measured: 3 vectors over 50k points 20 ms batched vs 41 ms one by one).
         q, where = self._q, self._filter(user_id, match, before)
