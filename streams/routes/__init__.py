@@ -1,4 +1,4 @@
-"""The HTTP API of `reflect up` and `reflect worker` (README, "HTTP API"),
+"""The HTTP API of `reflect up` and `reflect worker` (deploy/README.md, "HTTP API"),
 one module per resource; each names its routes in `PAGES`.
 
 Writes go through Kafka: they answer 202 once the broker has acknowledged the

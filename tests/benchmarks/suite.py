@@ -7,7 +7,7 @@ Scenarios (each module also runs alone, see its docstring): ingest, cycle
 (overhead vs store size), read (beliefs and recall vs read-time synthesis,
 and the worker's memory), invalidation, rebuild, retrieval (evidence recall
 of hybrid vs plain cosine vs BM25 alone, by question type). `--quick` runs smaller sizes
-(under 5 minutes on 2 cores); the full run is what the README's table shows.
+(under 5 minutes on 2 cores); the full run is what tests/benchmarks/README.md shows.
 """
 
 from __future__ import annotations
