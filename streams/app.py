@@ -14,15 +14,13 @@ from pathlib import Path
 import faust
 
 from processors.embedders import make_embedder
-from processors.guard import Breaker, Budget, Tally
 from processors.reasoners import make_reasoner
 from processors.view import open_view
 from streams import api, metrics, pipeline
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
 from streams.patches import patch_fetch_wait, patch_flow_control_resume
-from streams.pipeline.policy import Health, Policy
-from streams.runtime import Outlets, Runtime, Tables
+from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
 
@@ -74,11 +72,7 @@ def create_app(settings: Settings) -> Runtime:
         raise SettingsError(f"invalid setting reasoner ({exc})") from None
     embedder = make_embedder(settings.embedder)
     view = open_view(settings, embedder.dim)
-    outlets, health = Outlets(app, settings), Health()
-    runtime = Runtime(settings, app, view, embedder, reasoner,
-                      Breaker(settings.breaker_failures, settings.breaker_cooldown), Budget.from_settings(settings),
-                      Tally(), Tables.of(app, settings.partitions), outlets, health,
-                      Policy(view, outlets.dead_letter, health))
+    runtime = Runtime.build(settings, app, view, embedder, reasoner)
     pipeline.install(runtime)
     watch_broker(runtime)
     app.add_dependency(GroupWatch(app, settings))

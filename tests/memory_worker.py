@@ -29,13 +29,12 @@ from typing import Any, Callable
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from processors.guard import Breaker, Budget, Tally
 from schemas import Event, decode
 from streams.pipeline.episodes import EpisodesPipeline
-from streams.pipeline.policy import Backoff, Health, Policy
+from streams.pipeline.policy import Backoff
 from streams.pipeline.reflections import ReflectionsPipeline
 from streams.pipeline.requests import RequestsPipeline
-from streams.runtime import Outlets, Runtime, Tables
+from streams.runtime import Runtime
 from streams.settings import Settings
 
 OnWrite = Callable[[str, str, Any], None]  # (table name, key, value): told of each changelog write
@@ -101,12 +100,7 @@ class MemoryApp:
 
 def memory_runtime(settings: Settings, view, embedder, reasoner, backoff: Backoff = Backoff()) -> Runtime:
     """A runtime as `streams.app.create_app` builds it, over a `MemoryApp`."""
-    app, health = MemoryApp(), Health()
-    outlets = Outlets(app, settings)
-    return Runtime(settings, app, view, embedder, reasoner,
-                   Breaker(settings.breaker_failures, settings.breaker_cooldown), Budget.from_settings(settings),
-                   Tally(), Tables.of(app, settings.partitions), outlets, health,
-                   Policy(view, outlets.dead_letter, health, backoff))
+    return Runtime.build(settings, MemoryApp(), view, embedder, reasoner, backoff)
 
 
 @dataclass(frozen=True)
