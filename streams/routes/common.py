@@ -5,6 +5,7 @@ the write path (publish and wait for the broker's acknowledgement)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -238,8 +239,13 @@ async def refreshed(ctx: Context, request: Request, user_id: str) -> dict[str, A
     loop = asyncio.get_running_loop()
     started = loop.time()
     state = freshness(ctx, user_id)
-    while policy == "blocking" and state.due and loop.time() - started < ctx.settings.refresh_timeout:
-        await asyncio.sleep(0.05)  # the reflector marks a cycle done once its events are in the view
+    if policy == "blocking" and state.due:
+        # The reflector notifies this condition when it marks a cycle done, its events in the view.
+        done = ctx.runtime.cycle_done
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with done:
+                await asyncio.wait_for(done.wait_for(lambda: not freshness(ctx, user_id).due),
+                                       ctx.settings.refresh_timeout)
         state = freshness(ctx, user_id)
     waited = (loop.time() - started) * 1000
     return state.to_dict(policy, waited, timed_out=policy == "blocking" and bool(state.due))
