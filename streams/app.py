@@ -56,6 +56,8 @@ def faust_app(settings: Settings) -> faust.App:
         web_host=settings.web_host,
         web_bind=settings.web_host,
         web_port=settings.web_port,
+        # Where the other workers forward a user's reads (streams/ownership.py).
+        canonical_url=settings.canonical_url,
         web_application_options=api.web_options(settings),
         web_in_thread=False,
     )
@@ -74,6 +76,7 @@ def create_app(settings: Settings) -> Runtime:
     view = open_view(settings, embedder.dim)
     runtime = Runtime.build(settings, app, view, embedder, reasoner)
     pipeline.install(runtime)
+    runtime.ownership.install(app)
     watch_broker(runtime)
     app.add_dependency(GroupWatch(app, settings))
 

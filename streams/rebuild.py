@@ -79,6 +79,14 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, ca
                 return
 
 
+async def held_to(watermarks, consumer: AIOKafkaConsumer, parts, view: str, old_view: str) -> None:
+    """The new view holds every partition up to where the replay stopped
+    (an Edge view's watermarks, streams/ownership.py; None with a server)."""
+    if watermarks is not None:
+        watermarks.advance(view, {tp: await consumer.position(tp) for tp in parts})
+        watermarks.forget(old_view)
+
+
 async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) -> None:
     settings, embedder = runtime.settings, runtime.embedder
     progress.state, progress.started = "running", time.monotonic()
@@ -103,6 +111,7 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
             await asyncio.to_thread(fresh.promote)
             # In a thread: the swap waits for the reads in flight on the old view.
             old = await asyncio.to_thread(runtime.view.swap, fresh)
+            await held_to(runtime.ownership.watermarks, consumer, parts, fresh.name, progress.old_view)
         await asyncio.to_thread(old.drop)
         progress.state, progress.seconds = "done", time.monotonic() - progress.started
         log.warning("rebuild: %d events into %s in %.1f s; %s dropped", progress.events, fresh.name,

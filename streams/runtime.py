@@ -21,6 +21,7 @@ from processors.view import VectorStore
 from schemas import Event, ReflectionRequested
 from streams import metrics
 from streams.logs import redacted
+from streams.ownership import Ownership
 from streams.pipeline.policy import Backoff, Health, Policy
 from streams.settings import Settings
 
@@ -111,6 +112,7 @@ class Runtime:
     # Notified whenever a cycle is marked done: a retraction waits on it (streams/pipeline/episodes.py).
     cycle_done: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
     _locks: list = dataclasses.field(default_factory=lambda: [asyncio.Lock() for _ in range(USER_LOCKS)])
+    ownership: Any = None  # streams/ownership.Ownership: which partitions are this worker's, and whole
 
     @classmethod
     def build(cls, settings: Settings, app, view: VectorStore, embedder: Embedder, reasoner: Reasoner,
@@ -118,10 +120,12 @@ class Runtime:
         """The runtime over an app (Faust's, or the tests' in-memory one): its
         tables and topics declared, the guards and the error policy."""
         outlets, health = Outlets(app, settings), Health()
-        return cls(settings, app, view, embedder, reasoner,
-                   Breaker(settings.breaker_failures, settings.breaker_cooldown), Budget.from_settings(settings),
-                   Tally(), Tables.of(app, settings.partitions), outlets, health,
-                   Policy(view, outlets.dead_letter, health, backoff))
+        runtime = cls(settings, app, view, embedder, reasoner,
+                      Breaker(settings.breaker_failures, settings.breaker_cooldown), Budget.from_settings(settings),
+                      Tally(), Tables.of(app, settings.partitions), outlets, health,
+                      Policy(view, outlets.dead_letter, health, backoff))
+        runtime.ownership = Ownership(runtime)
+        return runtime
 
     def user_lock(self, user_id: str) -> asyncio.Lock:
         """Held while a user's invalidator state is read, changed and written:

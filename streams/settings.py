@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -257,6 +258,9 @@ SPECS: tuple[Spec, ...] = (
          "Interface the worker's HTTP API listens on (0.0.0.0 in a container)."),
     Spec("web_port", "REFLECT_WEB_PORT", "6066", _positive_int,
          "Port of the worker's HTTP API."),
+    Spec("advertised_url", "REFLECT_ADVERTISED_URL", "", _optional_url,
+         "URL the other workers reach this one's API at: a user's reads are forwarded to the worker that owns "
+         "the user's partition (empty: http://<web_host>:<web_port>, the host name when web_host is 0.0.0.0)."),
     Spec("api_token", "REFLECT_API_TOKEN", "", _api_token,
          "Bearer token every API route but /healthz requires, /metrics included (empty: no token)."),
     Spec("auth_secret", "REFLECT_AUTH_SECRET", "", _auth_secret,
@@ -390,6 +394,7 @@ class Settings:
     fetch_wait: float
     web_host: str
     web_port: int
+    advertised_url: str | None
     api_token: Secret | None
     auth_secret: Secret | None
     auth_previous_secret: Secret | None
@@ -474,6 +479,14 @@ class Settings:
             self.dlq_episodes,
             self.dlq_reflections,
         )
+
+    @property
+    def canonical_url(self) -> str:
+        """Where the other workers reach this one (Faust's canonical_url)."""
+        if self.advertised_url:
+            return self.advertised_url
+        host = socket.gethostname() if self.web_host in ("0.0.0.0", "::", "[::]") else self.web_host
+        return f"http://{host}:{self.web_port}"
 
     @property
     def view_dir(self) -> Path:

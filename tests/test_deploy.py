@@ -336,6 +336,15 @@ def test_worker_deployment_probes_resources_and_settings():
     assert settings.data_dir in {m["mountPath"] for m in worker["volumeMounts"]}
 
 
+def test_each_pod_advertises_where_the_others_forward_its_users_reads():
+    env = {e["name"]: e for e in container("Deployment")["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    url = env["REFLECT_ADVERTISED_URL"]["value"]
+    assert url == f"http://$(POD_IP):{k8s_settings().web_port}"
+    names = list(env)  # Kubernetes expands $(POD_IP) only from a variable defined before it
+    assert names.index("POD_IP") < names.index("REFLECT_ADVERTISED_URL")
+
+
 def test_the_anthropic_key_comes_from_the_secret():
     env = {e["name"]: e for e in container("Deployment")["env"]}
     ref = env["ANTHROPIC_API_KEY"]["valueFrom"]["secretKeyRef"]
@@ -344,7 +353,8 @@ def test_the_anthropic_key_comes_from_the_secret():
     assert ref["key"] in {**secret.get("data", {}), **secret.get("stringData", {})}
     assert not env["ANTHROPIC_API_KEY"].get("value")
     for name, entry in env.items():  # secret values only from the Secret (names: the scan above)
-        assert "secretKeyRef" in entry.get("valueFrom", {}), name
+        if name not in ("POD_IP", "REFLECT_ADVERTISED_URL"):  # where the pod is reached: not a secret
+            assert "secretKeyRef" in entry.get("valueFrom", {}), name
 
 
 def test_pdb_and_service_select_the_worker_pods_only():

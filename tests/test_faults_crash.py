@@ -32,7 +32,6 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
 
 from conftest import TEST_BROKER, Worker, read_topic, wait_for
 from messages_api import MessagesServer, OfflineModel
@@ -44,6 +43,7 @@ from processors.view import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
 from streams.broker import BROKER_KINDS, EmbeddedBroker, free_port
 from streams.producer import Publisher
+from streams.ownership import partition_of
 from streams.settings import Settings
 from streams.topics import ensure_topics
 
@@ -69,19 +69,15 @@ SHORT_GROUP_TIMEOUTS = dict(session_timeout=6.0, rebalance_timeout=15.0)
 
 def users_by_partition(per_partition: int, partitions: int) -> list[str]:
     """`per_partition` user names on each partition (keys hash as the producers' do)."""
-    partitioner, picked = DefaultPartitioner(), collections.defaultdict(list)
+    picked = collections.defaultdict(list)
     for i in range(10_000):
         name = f"u{i}"
-        p = partitioner(name.encode(), list(range(partitions)), list(range(partitions)))
+        p = partition_of(name, partitions)
         if len(picked[p]) < per_partition:
             picked[p].append(name)
         if all(len(picked[q]) == per_partition for q in range(partitions)):
             return [u for q in range(partitions) for u in picked[q]]
     raise AssertionError("not enough user names")
-
-
-def partition_of(user: str, partitions: int) -> int:
-    return DefaultPartitioner()(user.encode(), list(range(partitions)), list(range(partitions)))
 
 
 def episode_stream(users, per_user: int, start: int = 0) -> list[EpisodeRecorded]:

@@ -61,6 +61,8 @@ def numbered(events: list[Event], acc: Accumulator) -> tuple[list[Event], Accumu
 
 
 class EpisodesPipeline(Runner):
+    PROJECTS = True
+
     def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
         view, embedder, settings = runtime.view, runtime.embedder, runtime.settings

@@ -26,6 +26,8 @@ from streams.runtime import Runtime, write
 
 
 class ReflectionsPipeline(Runner):
+    PROJECTS = True
+
     def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
         settings = runtime.settings

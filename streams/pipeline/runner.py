@@ -23,6 +23,7 @@ log = logging.getLogger("reflect")
 
 
 class Runner:
+    PROJECTS = False  # whether the topic's events are projected into the view
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.carries = carried(runtime.settings)
@@ -42,7 +43,10 @@ class Runner:
                 except StopAsyncIteration:
                     return
                 ahead = asyncio.ensure_future(self.read_ahead(batches))
+                await self.runtime.ownership.wait_whole(events)  # a partition just gained is caught up first
                 await self.handle(admitted, await prepared)
+                if self.PROJECTS:  # how far the view holds this topic: streams/ownership.py
+                    self.runtime.ownership.applied(events)
                 for event in events:
                     await stream.ack(event)
         finally:

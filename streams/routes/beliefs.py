@@ -14,7 +14,7 @@ from faust.web import Request, Response, View
 from processors import provenance
 from processors.retrieval import pinned_score, prompt_block
 from schemas import parse_time
-from streams.routes.common import answers_json, choice_query, context, int_query, refreshed, time_query
+from streams.routes.common import answers_json, choice_query, context, int_query, owned, refreshed, time_query
 
 BELIEF_KEYS = ("reflection_id", "text", "evidence_ids", "depth", "confidence", "importance", "status",
                "valid_from", "invalid_at", "created_at", "expired_at", "reinforced_at", "weakened_at",
@@ -44,6 +44,7 @@ def live_beliefs(view, user_id: str, limit: int, as_of: str | None = None) -> li
 
 class Beliefs(View):
     @answers_json
+    @owned
     async def get(self, request: Request, user_id: str) -> Response:
         ctx = context(self)
         limit, at = int_query(request, "limit", 50, 1, 1000), time_query(request, "as_of")

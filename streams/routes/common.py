@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import ClientError, ClientTimeout, web
 from faust.web import Request, Response, View
+from yarl import URL
 
 from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
@@ -24,13 +25,20 @@ from streams.settings import SettingsError
 
 log = logging.getLogger("reflect.api")
 SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
+FORWARDED = "X-Reflect-Forwarded"  # on a read one worker forwards to the user's owner: never forwarded again
+FORWARD_SLACK = 10.0  # seconds a forwarded read may take beyond a blocking refresh's own bound
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.retry_after = retry_after  # seconds, for a 503 the caller should retry
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
 
     def body(self) -> dict[str, Any]:
         error = {"code": self.code, "message": self.message}
@@ -85,8 +93,52 @@ def answers_json(handler):
         except Exception:
             log.exception("%s %s failed", request.method, request.path)
             error = ApiError(500, "internal", "internal error; see the worker's log")
-        return self.json(error.body(), status=error.status)
+        return self.json(error.body(), status=error.status, headers=error.headers())
     return wrapped
+
+
+def owned(handler=None, *, tables: bool = True):
+    """A read of one user's state, answered by the worker that owns the user
+    (streams/ownership.py): here when this worker owns it and its answer is
+    whole, forwarded to the owner otherwise, 503 with Retry-After while the
+    group rebalances or the owner catches up — never an answer from a worker
+    that does not hold the user. `tables=False`: the read needs only the view,
+    which a Qdrant server shares, so any worker answers it then."""
+    if handler is None:
+        return functools.partial(owned, tables=tables)
+
+    @functools.wraps(handler)
+    async def wrapped(self: View, request: Request, user_id: str, **kwargs) -> Response:
+        ownership = context(self).runtime.ownership
+        if not (tables or ownership.local_view):
+            return await handler(self, request, user_id=user_id, **kwargs)
+        owner, here = ownership.owner(user_id), str(self.app.conf.canonical_url)
+        if owner == here:
+            if not ownership.ready(user_id):
+                raise ApiError(503, "unavailable", "this worker is taking over the user's partition "
+                                                   "(recovering its tables or catching its view up); retry",
+                               retry_after=1)
+            return await handler(self, request, user_id=user_id, **kwargs)
+        if owner is None or FORWARDED in request.headers:  # the workers' maps disagree: mid-rebalance
+            raise ApiError(503, "unavailable", "the workers are rebalancing partitions; retry", retry_after=1)
+        return await forward(self.app, request, owner, context(self).settings.refresh_timeout + FORWARD_SLACK)
+    return wrapped
+
+
+async def forward(app, request: Request, owner: str, timeout: float) -> web.Response:
+    """The owner's answer to the same read, as it gave it."""
+    headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "accept")}
+    headers[FORWARDED] = str(app.conf.canonical_url)
+    url = URL(owner).join(request.rel_url)
+    try:
+        async with app.http_client.get(url, headers=headers, timeout=ClientTimeout(total=timeout)) as answer:
+            body = await answer.read()
+            kept = {k: answer.headers[k] for k in ("Content-Type", "WWW-Authenticate", "Retry-After")
+                    if k in answer.headers}
+            return web.Response(body=body, status=answer.status, headers=kept)
+    except (ClientError, asyncio.TimeoutError) as exc:
+        raise ApiError(503, "unavailable", f"the worker that owns this user ({owner}) did not answer: "
+                                           f"{type(exc).__name__}; retry", retry_after=1) from None
 
 
 def _error_response(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:

@@ -8,7 +8,7 @@ from faust.web import Request, Response, View
 
 from processors.projector import point_id
 from streams.producer import make_episode, make_retraction
-from streams.routes.common import ApiError, answers_json, context, json_body, known_fields, publish
+from streams.routes.common import ApiError, answers_json, context, json_body, known_fields, owned, publish
 
 EPISODE_FIELDS = {"text", "importance", "episode_id", "occurred_at", "source", "metadata"}
 RETRACT_FIELDS = {"reason"}
@@ -30,6 +30,7 @@ class Episodes(View):
 
 class Episode(View):
     @answers_json
+    @owned(tables=False)
     async def get(self, request: Request, user_id: str, episode_id: str) -> Response:
         pid = point_id("episode", user_id, episode_id)
         payload = (await asyncio.to_thread(context(self).view.get, [pid])).get(pid)

@@ -10,7 +10,8 @@ from streams.routes.common import answers_json, context
 
 class Health(View):
     """Readiness: 503 while partitions are assigned and tables recover from
-    their changelogs (reads would answer from empty state), and while a
+    their changelogs (reads would answer from empty state), while a
+    partition just gained is caught up into the embedded view, and while a
     pipeline stage waits on a dependency (degraded: its partitions do not
     advance, and it says which stage, since when and why)."""
 
@@ -18,6 +19,9 @@ class Health(View):
     async def get(self, request: Request) -> Response:
         if self.app.rebalancing or not self.app.tables.recovery.completed.is_set():
             return self.json({"status": "starting"}, status=503)
+        catching_up = context(self).runtime.ownership.catching_up()
+        if catching_up:
+            return self.json({"status": "starting", "catching_up": catching_up}, status=503)
         stalled = context(self).runtime.health.degraded()
         if stalled:
             return self.json({"status": "degraded", "stalled": stalled}, status=503)

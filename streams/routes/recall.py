@@ -8,11 +8,12 @@ import asyncio
 from faust.web import Request, Response, View
 
 from processors.retrieval import recall
-from streams.routes.common import ApiError, answers_json, choice_query, context, int_query, refreshed
+from streams.routes.common import ApiError, answers_json, choice_query, context, int_query, owned, refreshed
 
 
 class Recall(View):
     @answers_json
+    @owned
     async def get(self, request: Request, user_id: str) -> Response:
         ctx = context(self)
         query = (request.query.get("q") or "").strip()

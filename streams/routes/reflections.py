@@ -10,7 +10,7 @@ from faust.web import Request, Response, View
 from processors import provenance
 from processors.projector import point_id
 from streams.routes.beliefs import belief
-from streams.routes.common import ApiError, answers_json, context
+from streams.routes.common import ApiError, answers_json, context, owned
 
 
 def explained(view, user_id: str, reflection_id: str, max_depth: int) -> dict[str, Any] | None:
@@ -28,6 +28,7 @@ def explained(view, user_id: str, reflection_id: str, max_depth: int) -> dict[st
 
 class Explain(View):
     @answers_json
+    @owned(tables=False)
     async def get(self, request: Request, user_id: str, reflection_id: str) -> Response:
         ctx = context(self)
         found = await asyncio.to_thread(explained, ctx.view, user_id, reflection_id, ctx.settings.max_depth + 1)

@@ -9,7 +9,7 @@ from faust.web import Request, Response, View
 
 from processors.accumulator import Accumulator
 from processors.guard import Spend, day_of
-from streams.routes.common import answers_json, context
+from streams.routes.common import answers_json, context, owned
 
 
 def counts(view, user_id: str) -> dict[str, int]:
@@ -20,6 +20,7 @@ def counts(view, user_id: str) -> dict[str, int]:
 
 class Stats(View):
     @answers_json
+    @owned
     async def get(self, request: Request, user_id: str) -> Response:
         ctx = context(self)
         held = await asyncio.to_thread(counts, ctx.view, user_id)

@@ -1,0 +1,236 @@
+"""Which worker answers a user's reads, and when its answer is whole.
+
+Every topic is keyed by user and co-partitioned, so one worker owns a user:
+the one assigned the user's partition number. It alone holds the user's
+table state (accumulator, requests done) and, with the embedded Qdrant Edge
+view, the only copy of the user's points. So a read of a user's state goes to
+the owner: another worker forwards it there (streams/routes/common.py,
+`owned`), using the group's own map of who holds which partition (Faust's
+assignor, `app.router.external_topics_metadata()`).
+
+The owner answers only when its answer is whole: its tables recovered, and
+— with Edge — its view holding every event the group has committed on the
+partition. A worker that gains a partition in a rebalance lacks what the
+previous owner projected, so it first replays that span of `episodes` and
+`reflections` into its own view (`catch_up`); the pipeline's agents wait for
+it before handling the partition, and reads meanwhile answer 503. What the
+view holds is recorded per topic-partition as a watermark (`Watermarks`),
+advanced after each batch whose effects are in the view; a restart over the
+same data directory therefore replays nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from processors.dlq import accept, carried
+from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
+from schemas import ContractError
+from streams.security import client_options
+
+log = logging.getLogger("reflect")
+_PARTITIONER = DefaultPartitioner()
+
+
+def partition_of(user_id: str, partitions: int) -> int:
+    """The partition of a user's events: Kafka's default partitioner over the
+    user id, as every producer of the topics keys them."""
+    every = list(range(partitions))
+    return _PARTITIONER(user_id.encode(), every, every)
+
+
+def owner_in(distribution: Mapping[str, Mapping[str, Iterable[int]]], topic: str, partition: int) -> str | None:
+    """The URL of the worker the group assigned `partition` of `topic`, None if none is."""
+    for url, topics in distribution.items():
+        if partition in topics.get(topic, ()):
+            return url
+    return None
+
+
+class Watermarks:
+    """Per view and topic-partition, the offset below which every event is in
+    the view. A JSON file beside the Edge shards, replaced whole on each change
+    (a crash leaves the old file or the new one, never half of one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._data: dict[str, dict[str, int]] = orjson.loads(path.read_bytes()) if path.exists() else {}
+
+    def get(self, view: str, tp) -> int:
+        return self._data.get(view, {}).get(f"{tp.topic}:{tp.partition}", 0)
+
+    def advance(self, view: str, offsets: Mapping) -> None:
+        held = self._data.setdefault(view, {})
+        changed = False
+        for tp, offset in offsets.items():
+            key = f"{tp.topic}:{tp.partition}"
+            if offset > held.get(key, 0):
+                held[key], changed = offset, True
+        if changed:
+            self._save()
+
+    def forget(self, view: str) -> None:
+        if self._data.pop(view, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        part = self.path.with_suffix(".part")
+        part.write_bytes(orjson.dumps(self._data))
+        os.replace(part, self.path)
+
+
+class Ownership:
+    """The worker's side of it: which partitions it owns and whether each is
+    whole, the catch-ups that make them so, and the watermarks."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        settings = runtime.settings
+        self.topics = (settings.topic_episodes, settings.topic_reflections)
+        # Only an Edge view is the worker's own; a Qdrant server's is shared and whole.
+        self.local_view = settings.qdrant_url is None
+        self.watermarks = Watermarks(settings.view_dir / "offsets.json") if self.local_view else None
+        self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds what the group committed
+        self._catching: dict[int, asyncio.Task] = {}
+        self.installed = False
+
+    def install(self, app) -> None:
+        """Follow the group's assignments (Faust's `on_partitions_assigned`)."""
+        self.installed = True
+
+        @app.on_partitions_assigned.connect
+        async def assigned(app, assigned, **kwargs) -> None:
+            self.assigned({tp.partition for tp in assigned if tp.topic == self.topics[0]})
+
+    def assigned(self, partitions: set[int]) -> None:
+        """Start a catch-up for each partition gained; forget those lost.
+        Returns at once: the rebalance must not wait on a replay."""
+        for p in set(self.whole) - partitions:
+            task = self._catching.pop(p, None)
+            if task is not None:
+                task.cancel()
+            del self.whole[p]
+        for p in partitions - set(self.whole):
+            self.whole[p] = asyncio.Event()
+            if self.local_view:
+                self._catching[p] = asyncio.ensure_future(self._catch_up(p))
+            else:
+                self.whole[p].set()
+
+    def catching_up(self) -> list[int]:
+        """The partitions this worker owns whose view is not whole yet."""
+        return sorted(p for p, event in self.whole.items() if not event.is_set())
+
+    def owner(self, user_id: str) -> str | None:
+        """The URL of the worker that owns the user, None during a rebalance."""
+        app = self.runtime.app
+        p = partition_of(user_id, self.runtime.settings.partitions)
+        return owner_in(app.router.external_topics_metadata(), self.topics[0], p)
+
+    def ready(self, user_id: str) -> bool:
+        """This worker can answer for the user now: its partition assigned,
+        the tables recovered, the view whole."""
+        app = self.runtime.app
+        event = self.whole.get(partition_of(user_id, self.runtime.settings.partitions))
+        return (event is not None and event.is_set() and not app.rebalancing
+                and app.tables.recovery.completed.is_set())
+
+    async def wait_whole(self, events) -> None:
+        """Before a batch is handled: the view of each of its partitions is whole."""
+        if not self.installed:
+            return
+        for p in {e.message.partition for e in events}:
+            event = self.whole.get(p)
+            if event is not None:
+                await event.wait()
+
+    def applied(self, events) -> None:
+        """After a batch's effects are in the view: its offsets are held."""
+        if self.watermarks is None:
+            return
+        offsets: dict[TopicPartition, int] = {}
+        for e in events:
+            tp = TopicPartition(e.message.topic, e.message.partition)
+            offsets[tp] = max(offsets.get(tp, 0), e.message.offset + 1)
+        self.watermarks.advance(self.runtime.view.name, offsets)
+
+    async def _catch_up(self, p: int) -> None:
+        try:
+            await self.runtime.policy.until_done(f"catch-up[{p}]", lambda: self._replay(p))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A deterministic failure of the replay itself: say so, and serve
+            # what the view holds rather than stall the partition for good.
+            log.exception("catching up partition %d failed; its reads may miss what it lacks", p)
+        self._catching.pop(p, None)
+        event = self.whole.get(p)
+        if event is not None:
+            event.set()
+
+    async def _replay(self, p: int) -> None:
+        """Project into the view every event of partition `p` between its
+        watermark and the group's committed offset."""
+        settings, runtime = self.runtime.settings, self.runtime
+        consumer = AIOKafkaConsumer(**client_options(settings), group_id=settings.app_id,
+                                    enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100)
+        await consumer.start()
+        try:
+            view = runtime.view.name
+            tps = [TopicPartition(t, p) for t in self.topics]
+            spans = {tp: (self.watermarks.get(view, tp), await consumer.committed(tp) or 0) for tp in tps}
+            spans = {tp: span for tp, span in spans.items() if span[0] < span[1]}
+            if not spans:
+                return
+            started = asyncio.get_running_loop().time()
+            events = await _project(consumer, spans, self._projectors(), carried(settings), runtime.projection_lock)
+            self.watermarks.advance(view, {tp: until for tp, (_, until) in spans.items()})
+            log.warning("caught up partition %d: %d events into the view in %.1f s", p, events,
+                        asyncio.get_running_loop().time() - started)
+        finally:
+            await consumer.stop()
+
+    def _projectors(self):
+        view, embedder = self.runtime.view, self.runtime.embedder
+        return {self.topics[0]: (EpisodeProjector(view, embedder).apply, EPISODE_TYPES),
+                self.topics[1]: (ReflectionProjector(view, embedder).apply, REFLECTION_TYPES)}
+
+
+async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, carries: dict,
+                   lock: asyncio.Lock) -> int:
+    """Apply each topic-partition's events from `start` up to `until` (exclusive), in order."""
+    consumer.assign(list(spans))
+    for tp, (start, _) in spans.items():
+        consumer.seek(tp, start)
+    left, applied = dict(spans), 0
+    while left:
+        batches = await consumer.getmany(*left, timeout_ms=200, max_records=1000)
+        for tp, messages in batches.items():
+            until = spans[tp][1]
+            apply, kinds = projectors[tp.topic]
+            records = []
+            for m in messages:
+                if m.offset >= until:
+                    break
+                try:
+                    record = accept(m, carries)
+                except ContractError:  # dead-lettered when it was first read
+                    continue
+                if isinstance(record, kinds):
+                    records.append(record)
+            async with lock:  # as the live projectors: a rebuild swaps views between batches only
+                await asyncio.to_thread(apply, records)
+            applied += len(records)
+        for tp in list(left):  # by position, not the last record: a span may end at a gap
+            if await consumer.position(tp) >= spans[tp][1]:
+                left.pop(tp)
+    return applied
