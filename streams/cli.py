@@ -12,7 +12,9 @@ import signal
 import sys
 
 from schemas import ContractError
-from streams.settings import SPECS, Settings, SettingsError
+from streams.settings import SPECS, UP_API, UP_PORT, Settings, SettingsError
+
+READS = ("explain", "rebuild", "recall", "beliefs", "stats")  # commands against a running API
 
 
 def _settings_flags() -> argparse.ArgumentParser:
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", parents=[common], help=(
         "run the whole stack in one process: embedded broker (unless --broker), topics, "
         "every processor, the view and the HTTP API"))
-    up.add_argument("--port", type=int, default=8080, help="HTTP API port (default 8080)")
+    up.add_argument("--port", type=int, default=UP_PORT, help=f"HTTP API port (default {UP_PORT})")
     demo = commands.add_parser("demo", parents=[common], help=(
         "stream a bundled three-month history through the whole stack and score the beliefs it forms"))
     demo.add_argument("--json", action="store_true", help="print the result as one JSON document")
@@ -70,11 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="show a belief's provenance down to the episodes, with statuses")
     explain.add_argument("--user", required=True)
     explain.add_argument("--reflection-id", required=True)
-    explain.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API (default: reflect up's)")
     explain.add_argument("--json", action="store_true", help="print the API's answer as JSON")
     rebuild = commands.add_parser("rebuild", help=(
         "replay episodes and reflections into a fresh view in the running worker, then swap it in"))
-    rebuild.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API (default: reflect up's)")
     rebuild.add_argument("--timeout", type=float, default=3600.0, help="seconds to follow it (default 3600)")
     recall = commands.add_parser("recall", help="answer a question from episodes or beliefs (typed recall)")
     recall.add_argument("--user", required=True)
@@ -90,8 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     for reader in (recall, beliefs):
         reader.add_argument("--refresh", choices=("concurrent", "blocking"), default=None,
                             help="wait for a due cycle (blocking) or not (concurrent, the server's default)")
-        reader.add_argument("--api", default="http://127.0.0.1:8080", help="a running Reflect API")
         reader.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+    stats = commands.add_parser("stats", help="a user's figures: episodes, beliefs, cycles, tokens today")
+    stats.add_argument("--user", required=True)
+    for reader in (explain, rebuild, recall, beliefs, stats):
+        reader.add_argument("--api", default=None, help=(
+            f"a running Reflect API (default: REFLECT_API, else reflect up's {UP_API})"))
     bench = commands.add_parser("bench", help=(
         "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
@@ -165,14 +169,8 @@ def _run(args: argparse.Namespace) -> int:
         return demo(args)
     if args.command == "bench":
         return _bench(args)
-    if args.command in ("explain", "rebuild", "recall", "beliefs"):
-        from streams import client
-
-        try:
-            return getattr(client, args.command)(args)
-        except RuntimeError as exc:
-            print(f"reflect: error: {exc}", file=sys.stderr)
-            return 1
+    if args.command in READS:
+        return _read(args)
     settings = _load(args)
     if args.command == "settings":
         for spec in SPECS:
@@ -191,6 +189,19 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "token":
         return _mint(settings, args)
     raise AssertionError(args.command)
+
+
+def _read(args: argparse.Namespace) -> int:
+    """A command against a running API (--api, else REFLECT_API, else `reflect up`'s port)."""
+    from streams.client import ReflectClient, ReflectError
+    from streams.reads import COMMANDS
+
+    try:
+        with ReflectClient(args.api) as client:
+            return COMMANDS[args.command](client, args)
+    except (ReflectError, RuntimeError) as exc:
+        print(f"reflect: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _with_broker_errors(settings: Settings, coro) -> int:

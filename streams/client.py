@@ -1,101 +1,264 @@
-"""Commands that talk to a running Reflect API: explain, rebuild, recall, beliefs."""
+"""The Python client of Reflect's HTTP API, sync and async.
+
+    from streams.client import ReflectClient
+    with ReflectClient() as reflect:                    # REFLECT_API, else reflect up's http://127.0.0.1:8080
+        reflect.record("alice", "the deploy failed: auth token expired", importance=0.8)
+        print(reflect.beliefs_prompt("alice").prompt)   # pinned beliefs for a system prompt
+
+`AsyncReflectClient` has the same methods, awaited. Both send the bearer token
+(`token=`, else REFLECT_API_TOKEN: the shared token or a per-user JWT), retry
+a 503 (honouring its Retry-After) and a connection failure with capped
+backoff a bounded number of times, and raise `ReflectApiError` subclasses
+carrying the API's error `code` and `field`, or `ReflectUnreachable`.
+
+A write is retried too: `record` names its episode id before the first try,
+so a retry is the same episode again (the view upserts it by id).
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
-import sys
+import random
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from typing import Any
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import quote
+
+import httpx
+
+from streams.client_results import (Accepted, Belief, Beliefs, Explanation, Forbidden, Health, Invalid, Memory,
+                                    NotFound, PromptBlock, Recall, ReflectApiError, ReflectError, ReflectUnreachable,
+                                    Stats, Unauthorized, Unavailable)
+from streams.settings import UP_API
+
+DEFAULT_API = UP_API  # where `reflect up` serves by default
+RETRIED_STATUS = 503
+# Only failures where the request may be sent again safely: it never left
+# (connect), or the answer never came for a read.
+CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+READ_ERRORS = (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+
+__all__ = ["ReflectClient", "AsyncReflectClient", "Retry", "api_url", "DEFAULT_API",
+           "Accepted", "Belief", "Beliefs", "PromptBlock", "Memory", "Recall", "Explanation", "Stats", "Health",
+           "ReflectError", "ReflectUnreachable", "ReflectApiError", "Invalid", "NotFound", "Unauthorized",
+           "Forbidden", "Unavailable"]
 
 
-def render(node: dict[str, Any], indent: str = "") -> list[str]:
-    """One line per node: status, kind, id, text; lost evidence marked."""
-    mark = " (lost)" if node.get("lost") else " (again)" if node.get("repeated") else ""
-    text = node.get("text")
-    line = f"{indent}[{node.get('status', '?')}] {node['kind']} {node['id']}{mark}"
-    lines = [line + (f": {text[:100]}" if text else "")]
-    for child in node.get("evidence", ()):
-        lines += render(child, indent + "    ")
-    return lines
+def api_url(explicit: str | None = None, env=os.environ) -> str:
+    """The API to talk to: the argument, else REFLECT_API, else `reflect up`'s default."""
+    return (explicit or env.get("REFLECT_API", "").strip() or DEFAULT_API).rstrip("/")
 
 
-def auth_headers(env=os.environ) -> dict[str, str]:
-    """The bearer token of an API started with REFLECT_API_TOKEN, from the same variable."""
-    token = env.get("REFLECT_API_TOKEN", "").strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def api_token(explicit: str | None = None, env=os.environ) -> str | None:
+    return explicit or env.get("REFLECT_API_TOKEN", "").strip() or None
 
 
-def _call(api: str, path: str, method: str = "GET") -> dict[str, Any]:
-    """The API's JSON answer; a clear error for a refusal or no API at all."""
-    request = urllib.request.Request(api.rstrip("/") + path, data=b"" if method == "POST" else None, method=method,
-                                     headers=auth_headers())
+@dataclass(frozen=True)
+class Retry:
+    """How often and how long to retry: `attempts` tries in all, waits doubling
+    from `backoff` to `max_wait` seconds (with jitter), a 503's Retry-After
+    honoured up to `max_retry_after`."""
+    attempts: int = 5
+    backoff: float = 0.25
+    max_wait: float = 4.0
+    max_retry_after: float = 30.0
+
+    def wait(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after)
+        ceiling = min(self.backoff * 2 ** attempt, self.max_wait)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter: workers of one rebalance spread out
+
+
+NO_RETRY = Retry(attempts=1)
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    parse: Callable[[dict[str, Any]], Any]
+    params: dict[str, Any] | None = None
+    body: dict[str, Any] | None = None
+
+    @property
+    def reads(self) -> bool:
+        return self.method == "GET"
+
+
+def _user(user: str, *tail: str) -> str:
+    """/v1/users/{user}/…, each part escaped whole: a `/` in an id stays in the id."""
+    return "/".join(["/v1/users", *(quote(p, safe="") for p in (user, *tail))])
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _retry_after(answer: httpx.Response) -> float | None:
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        error = json.loads(exc.read() or b"{}").get("error", {})
-        raise RuntimeError(error.get("message", str(exc))) from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise RuntimeError(f"no Reflect API at {api} ({exc}); start one with `reflect up`") from None
+        return float(answer.headers["Retry-After"])
+    except (KeyError, ValueError):
+        return None
 
 
-def explain(args) -> int:
-    path = "/v1/users/{}/reflections/{}".format(*(urllib.parse.quote(x, safe="") for x in (args.user, args.reflection_id)))
-    found = _call(args.api, path)
-    print(json.dumps(found, indent=2) if args.json else "\n".join(render(found["provenance"])))
-    return 0
+def _outcome(call: _Call, answer: httpx.Response) -> Any:
+    """The parsed result of a 2xx, else the error the API named."""
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    if answer.is_success and isinstance(body, dict):
+        return call.parse(body)
+    raise ReflectApiError.from_answer(answer.status_code, body, _retry_after(answer))
 
 
-def rebuild(args) -> int:
-    """Start a rebuild in the running worker and follow it to the swap."""
-    started = _call(args.api, "/v1/admin/rebuild", "POST")
-    print(f"rebuilding {started['old_view']} from the log; reads keep answering from it", file=sys.stderr)
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        progress = _call(args.api, "/v1/admin/rebuild")
-        done, total = progress["events"], max(progress["total"], 1)
-        bar = "#" * int(30 * min(done / total, 1))
-        print(f"\r{progress['state']:<9} [{bar:<30}] {done}/{progress['total']} events, "
-              f"{progress['rate']:,.0f}/s", end="", file=sys.stderr, flush=True)
-        if progress["state"] in ("done", "failed"):
-            print(file=sys.stderr)
-            if progress["state"] == "failed":
-                raise RuntimeError(f"rebuild failed ({progress['error']}); the old view keeps serving")
-            print(f"{progress['new_view']} now serves {progress['old_view']}'s reads: {done} events in "
-                  f"{progress['seconds']} s ({progress['rate']:,.0f}/s), {progress['skipped']} undecodable skipped")
-            return 0
-        time.sleep(0.2)  # polling interval of a progress display, not a synchronization
-    raise RuntimeError(f"the rebuild did not finish within {args.timeout} s (it goes on in the worker)")
+class _Api:
+    """The API's operations, each described once as a `_Call`; the sync and
+    async clients differ only in how `_send` carries it out."""
+
+    def __init__(self, api: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 retry: Retry = Retry()) -> None:
+        self.api, self.retry, self.timeout = api_url(api), retry, timeout
+        token = api_token(token)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _send(self, call: _Call) -> Any:
+        raise NotImplementedError
+
+    def _should_retry(self, call: _Call, attempt: int, failure: BaseException) -> bool:
+        if attempt + 1 >= self.retry.attempts:
+            return False
+        if isinstance(failure, ReflectApiError):
+            return failure.status == RETRIED_STATUS
+        return isinstance(failure, CONNECT_ERRORS) or (call.reads and isinstance(failure, READ_ERRORS))
+
+    def _final(self, failure: BaseException) -> BaseException:
+        return failure if isinstance(failure, ReflectApiError) else ReflectUnreachable(self.api, failure)
+
+    # -- writes --------------------------------------------------------------------------------------------
+
+    def record(self, user: str, text: str, importance: float, *, episode_id: str | None = None,
+               occurred_at: str | None = None, source: str | None = None,
+               metadata: dict[str, Any] | None = None) -> Accepted:
+        """Record an episode (importance 0..1); `.episode_id` names it."""
+        body = _given(text=text, importance=importance, episode_id=episode_id or uuid.uuid4().hex,
+                      occurred_at=occurred_at, source=source, metadata=metadata)
+        return self._send(_Call("POST", _user(user, "episodes"), Accepted.from_json, body=body))
+
+    def retract(self, user: str, episode_id: str, reason: str = "incorrect") -> Accepted:
+        """Retract an episode (incorrect, erasure, duplicate, superseded, other): beliefs resting on it are revisited."""
+        return self._send(_Call("POST", _user(user, "episodes", episode_id, "retract"), Accepted.from_json,
+                                body={"reason": reason}))
+
+    def reflect(self, user: str) -> Accepted:
+        """Ask for a manual reflection cycle now; `.cycle_id` names it."""
+        return self._send(_Call("POST", _user(user, "reflect"), Accepted.from_json))
+
+    # -- reads ---------------------------------------------------------------------------------------------
+
+    def beliefs(self, user: str, *, limit: int | None = None, as_of: str | None = None,
+                refresh: str | None = None) -> Beliefs:
+        """Live beliefs, most pinned first; `as_of` (RFC 3339): those held then."""
+        return self._send(_Call("GET", _user(user, "beliefs"), Beliefs.from_json,
+                                params=_given(limit=limit, as_of=as_of, refresh=refresh)))
+
+    def beliefs_prompt(self, user: str, *, budget: int | None = None, limit: int | None = None,
+                       as_of: str | None = None, refresh: str | None = None) -> PromptBlock:
+        """Pinned beliefs as a system-prompt block of at most `budget` tokens."""
+        return self._send(_Call("GET", _user(user, "beliefs"), PromptBlock.from_json, params=_given(
+            format="prompt", budget=budget, limit=limit, as_of=as_of, refresh=refresh)))
+
+    def recall(self, user: str, query: str, *, mode: str | None = None, k: int | None = None,
+               refresh: str | None = None) -> Recall:
+        """Answer a question from episodes (what happened) or beliefs (patterns), as its type asks."""
+        return self._send(_Call("GET", _user(user, "recall"), Recall.from_json,
+                                params=_given(q=query, mode=mode, k=k, refresh=refresh)))
+
+    def explain(self, user: str, reflection_id: str) -> Explanation:
+        """A belief in any status and its provenance down to the episodes."""
+        return self._send(_Call("GET", _user(user, "reflections", reflection_id), Explanation.from_json))
+
+    def episode(self, user: str, episode_id: str) -> dict[str, Any]:
+        """An episode as projected into the view."""
+        return self._send(_Call("GET", _user(user, "episodes", episode_id), dict))
+
+    def stats(self, user: str) -> Stats:
+        return self._send(_Call("GET", _user(user, "stats"), Stats.from_json))
+
+    def health(self) -> "Health":
+        """/healthz, whatever its status: `Health.ok` once the worker serves."""
+        return self._send(_Call("GET", "/healthz", Health.from_json))
+
+    # -- operators -----------------------------------------------------------------------------------------
+
+    def start_rebuild(self) -> dict[str, Any]:
+        return self._send(_Call("POST", "/v1/admin/rebuild", dict))
+
+    def rebuild_progress(self) -> dict[str, Any]:
+        return self._send(_Call("GET", "/v1/admin/rebuild", dict))
 
 
-def _user_path(user: str, tail: str, **query: Any) -> str:
-    params = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
-    return f"/v1/users/{urllib.parse.quote(user, safe='')}/{tail}" + (f"?{params}" if params else "")
+def _health_any(call: _Call, answer: httpx.Response) -> Any:
+    """/healthz answers 503 with a status body while starting: a result, not an error."""
+    if call.path == "/healthz" and answer.status_code == RETRIED_STATUS:
+        return call.parse(answer.json())
+    return _outcome(call, answer)
 
 
-def recall(args) -> int:
-    found = _call(args.api, _user_path(args.user, "recall", q=args.query, mode=args.mode, k=args.k,
-                                       refresh=args.refresh))
-    if args.json:
-        print(json.dumps(found, indent=2))
-        return 0
-    print(f"route {found['route']}: {found['reason']}")
-    for r in found["results"]:
-        print(f"  {r['score']:.3f}  {r['kind']:<10} {r['id']}  {(r.get('occurred_at') or '')[:10]}  {r['text'][:100]}")
-        for e in r.get("evidence", ()):
-            print(f"           evidence {e['id']}  {(e.get('occurred_at') or '')[:10]}  {e['text'][:90]}")
-    return 0
+class ReflectClient(_Api):
+    """Blocking client; use as a context manager, or `close()` it."""
+
+    def __init__(self, api: str | None = None, token: str | None = None, **options: Any) -> None:
+        super().__init__(api, token, **options)
+        self._http = httpx.Client(base_url=self.api, headers=self.headers, timeout=self.timeout)
+
+    def _send(self, call: _Call) -> Any:
+        for attempt in range(self.retry.attempts):
+            try:
+                answer = self._http.request(call.method, call.path, params=call.params, json=call.body)
+                return _health_any(call, answer)
+            except (ReflectApiError, httpx.TransportError) as failure:
+                if not self._should_retry(call, attempt, failure):
+                    raise self._final(failure) from None
+                time.sleep(self.retry.wait(attempt, getattr(failure, "retry_after", None)))
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "ReflectClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
-def beliefs(args) -> int:
-    found = _call(args.api, _user_path(args.user, "beliefs", limit=args.limit, format=args.format,
-                                       budget=args.budget, refresh=args.refresh, as_of=args.as_of))
-    if args.format == "prompt":
-        print(found["prompt"])
-    else:
-        print(json.dumps(found, indent=2))
-    return 0
+class AsyncReflectClient(_Api):
+    """The same methods as `ReflectClient`, each a coroutine; `async with` it, or `await aclose()`."""
+
+    def __init__(self, api: str | None = None, token: str | None = None, **options: Any) -> None:
+        super().__init__(api, token, **options)
+        self._http = httpx.AsyncClient(base_url=self.api, headers=self.headers, timeout=self.timeout)
+
+    async def _send(self, call: _Call) -> Any:
+        for attempt in range(self.retry.attempts):
+            try:
+                answer = await self._http.request(call.method, call.path, params=call.params, json=call.body)
+                return _health_any(call, answer)
+            except (ReflectApiError, httpx.TransportError) as failure:
+                if not self._should_retry(call, attempt, failure):
+                    raise self._final(failure) from None
+                await asyncio.sleep(self.retry.wait(attempt, getattr(failure, "retry_after", None)))
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncReflectClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

@@ -21,15 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import orjson
 
 from processors.accumulator import Accumulator, Trigger, admit
 from schemas import ContractError, ReflectionCreated, ReflectionCycleCompleted, decode
-from streams.client import auth_headers
+from streams.client import ReflectClient, ReflectError
 from streams.sample import History, history
 from streams.security import client_options
 from streams.settings import Settings
@@ -82,12 +80,6 @@ class Progress:
             self.last = line
 
 
-def _get(port: int, path: str) -> dict[str, Any]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=auth_headers())
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return orjson.loads(answer.read())
-
-
 @dataclasses.dataclass
 class Followed:
     """What the reflections topic said, as a downstream subscriber sees it."""
@@ -127,7 +119,7 @@ async def _follow(settings: Settings, seen: Followed) -> None:
         await consumer.stop()
 
 
-async def _stream(settings: Settings, hist: History, port: int, expected: int, deadline: float) -> Followed:
+async def _stream(settings: Settings, hist: History, api: ReflectClient, expected: int, deadline: float) -> Followed:
     from streams.producer import Publisher, make_episode
 
     seen = Followed()
@@ -141,11 +133,11 @@ async def _stream(settings: Settings, hist: History, port: int, expected: int, d
             await publisher.flush()
         total = len(hist.episodes)
         while True:
-            stats = await asyncio.to_thread(_get, port, f"/v1/users/{hist.user_id}/stats")
-            progress.show("projecting", min(stats["episodes"], total), total)
-            if stats["episodes"] >= total:
+            stats = await asyncio.to_thread(api.stats, hist.user_id)
+            progress.show("projecting", min(stats.episodes, total), total)
+            if stats.episodes >= total:
                 progress.show("reflecting", len(seen.cycles), expected)
-                if len(seen.cycles) >= expected and stats["reflections"] >= len(seen.created):
+                if len(seen.cycles) >= expected and stats.reflections >= len(seen.created):
                     return seen
             if time.monotonic() > deadline:
                 raise TimeoutError(f"demo not finished in {TIMEOUT:.0f} s: {stats}, "
@@ -179,8 +171,9 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
                   f"({hist.episodes[0].occurred_at[:10]} to {hist.episodes[-1].occurred_at[:10]}, "
                   f"seed {args.seed}); reasoner {settings.reasoner}, embedder {settings.embedder}",
                   file=sys.stderr, flush=True)
-            seen = asyncio.run(_stream(settings, hist, args.port, expected, started + TIMEOUT))
-            beliefs = _get(args.port, f"/v1/users/{hist.user_id}/beliefs?limit=1000")["beliefs"]
+            with ReflectClient(f"http://127.0.0.1:{args.port}") as api:
+                seen = asyncio.run(_stream(settings, hist, api, expected, started + TIMEOUT))
+                beliefs = api.beliefs(hist.user_id, limit=1000).raw["beliefs"]
         finally:
             child.send_signal(signal.SIGTERM)
             try:
@@ -235,7 +228,7 @@ def demo(args: argparse.Namespace) -> int:
     hist = history(seed=args.seed, episodes=args.episodes)
     try:
         result = run_demo(args, hist)
-    except (RuntimeError, TimeoutError, OSError) as exc:
+    except (RuntimeError, TimeoutError, OSError, ReflectError) as exc:
         print(f"reflect: error: demo failed: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2) if args.json else render(result, hist))

@@ -195,6 +195,8 @@ class Spec:
         return self.parse is _flag
 
 
+UP_PORT = 8080  # the API port of `reflect up`, where the CLI's reads and the client look by default
+UP_API = f"http://127.0.0.1:{UP_PORT}"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
