@@ -25,7 +25,7 @@ def make_episode(user_id: str, text: str | bytes, importance: float, *, episode_
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ContractError("text", f"is not valid UTF-8 (byte {exc.start})") from None
-    given = {k: v for k, v in (("episode_id", episode_id), ("occurred_at", occurred_at)) if v}
+    given = {k: v for k, v in (("episode_id", episode_id), ("occurred_at", occurred_at)) if v is not None}
     event = EpisodeRecorded(user_id=user_id, text=text, importance=importance,
                             source=source, metadata=metadata, **given)
     event.encode()

@@ -12,6 +12,7 @@ from typing import Any
 from faust.web import Request, Response, View
 
 from processors import provenance
+from processors.freshness import POLICIES
 from processors.retrieval import pinned_score, prompt_block
 from schemas import parse_time
 from streams.routes.common import answers_json, choice_query, context, int_query, owned, refreshed, time_query
@@ -50,7 +51,10 @@ class Beliefs(View):
         limit, at = int_query(request, "limit", 50, 1, 1000), time_query(request, "as_of")
         form = choice_query(request, "format", ("json", "prompt"), "json")
         budget = int_query(request, "budget", 500, 16, 100_000)
-        fresh = await refreshed(ctx, request, user_id) if at is None else None
+        if at is None:
+            fresh = await refreshed(ctx, request, user_id)
+        else:  # the past does not wait for cycles, but a bad policy is still refused
+            choice_query(request, "refresh", POLICIES, ctx.settings.refresh)
         answer = {"user_id": user_id,
                   "beliefs": await asyncio.to_thread(live_beliefs, ctx.view, user_id, limit, at)}
         if form == "prompt":

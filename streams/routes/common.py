@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from yarl import URL
 
 from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
-from schemas import ContractError, parse_time
+from schemas import ContractError, parse_time, schema_text
 from streams import auth
 from streams.rebuild import Progress
 from streams.settings import SettingsError
@@ -27,6 +28,7 @@ log = logging.getLogger("reflect.api")
 SEND_TIMEOUT = 15.0  # seconds a write waits for the broker's acknowledgement
 FORWARDED = "X-Reflect-Forwarded"  # on a read one worker forwards to the user's owner: never forwarded again
 FORWARD_SLACK = 10.0  # seconds a forwarded read may take beyond a blocking refresh's own bound
+FAUST_PAGES = {"/"}  # pages Faust registers on every worker that Reflect does not serve
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
@@ -184,6 +186,31 @@ def admitted(request: web.Request, keys: auth.Keys) -> web.Response | None:
     return _refused(error) if error else None
 
 
+def _id_pattern() -> re.Pattern:
+    """The contract's id rule (schemas/v1/envelope.json, `$defs.id`): the one a write's events must meet."""
+    return re.compile(orjson.loads(schema_text("envelope"))["$defs"]["id"]["pattern"])
+
+
+USER_ID = _id_pattern()
+# Below the contract's 128: ids derived from a user's (`request:<user>:manual:<32 hex>`,
+# `cycle:<user>:<n>`) must fit in 128 too, or a valid user could not reflect.
+USER_ID_MAX = 64
+
+
+def user_id_problem(user_id: str | None) -> ApiError | None:
+    """One user-id rule for every route, reads as well as writes: the
+    contract's, and no `.` or `..` segment (`a/../b` would name another path
+    wherever an id becomes one)."""
+    if user_id is None:
+        return None
+    if len(user_id) > USER_ID_MAX or not USER_ID.fullmatch(user_id):
+        return ApiError(422, "invalid", f"a user id is 1 to {USER_ID_MAX} of A-Z a-z 0-9 . _ : @ / + = -, "
+                                        "starting with a letter or digit", "user_id")
+    if any(part in (".", "..") for part in user_id.split("/")):
+        return ApiError(422, "invalid", "a user id has no . or .. segment", "user_id")
+    return None
+
+
 def guard(keys: auth.Keys, limit: int):
     """aiohttp middleware in front of every route, Faust's own included: the
     credential and what it grants, the declared body size, and JSON for the
@@ -195,6 +222,11 @@ def guard(keys: auth.Keys, limit: int):
             return refused
         if request.content_length is not None and request.content_length > limit:
             return _error_response(too_large(limit))
+        if _route_of(request) in FAUST_PAGES:  # Faust's own index is no route of Reflect's
+            return _error_response(ApiError(404, "not_found", "no such route"))
+        bad_user = user_id_problem(request.match_info.get("user_id"))
+        if bad_user is not None:
+            return _error_response(bad_user)
         try:
             return await handler(request)
         except web.HTTPException as exc:  # no route, wrong method: JSON like every other error
