@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     for reader in (explain, rebuild, recall, beliefs, stats):
         reader.add_argument("--api", default=None, help=(
             f"a running Reflect API (default: REFLECT_API, else reflect up's {UP_API})"))
+    mcp = commands.add_parser("mcp", help="serve Reflect as MCP tools (stdio or streamable HTTP) over a running API")
+    mcp.add_argument("--api", default=None, help=f"the Reflect API (default: REFLECT_API, else reflect up's {UP_API})")
+    mcp.add_argument("--user", default=None, help=(
+        "act for this user only (default: REFLECT_MCP_USER; unset: every call names its user_id)"))
+    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                     help="stdio (launched by the MCP client, the default) or streamable HTTP at /mcp")
+    mcp.add_argument("--host", default="127.0.0.1", help="interface of --transport http (default 127.0.0.1)")
+    mcp.add_argument("--port", type=int, default=8765, help="port of --transport http (default 8765)")
     bench = commands.add_parser("bench", help=(
         "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
@@ -169,6 +177,17 @@ def _run(args: argparse.Namespace) -> int:
         return demo(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "mcp":
+        import os
+
+        try:
+            from streams.mcp_server import serve
+            import mcp  # noqa: F401  (the extra; imported late by the server)
+        except ImportError:
+            print("reflect: error: reflect mcp needs the mcp extra: pip install 'reflect-stream[mcp]'", file=sys.stderr)
+            return 2
+        return serve(args.api, args.user or os.environ.get("REFLECT_MCP_USER") or None, args.transport,
+                     args.host, args.port)
     if args.command in READS:
         return _read(args)
     settings = _load(args)
