@@ -45,6 +45,7 @@ class Accumulator:
     recent: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     asked: int = 0  # requests forwarded so far, of every kind: the last one's sequence
     forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
+    asked_by: dict[str, int] = field(default_factory=dict)  # requests forwarded by `why` (threshold, manual, …)
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy
@@ -113,7 +114,8 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 
 def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
     """The request with the user's next sequence number."""
-    acc = replace(acc, asked=acc.asked + 1)
+    by_why = {**acc.asked_by, request.why: acc.asked_by.get(request.why, 0) + 1}
+    acc = replace(acc, asked=acc.asked + 1, asked_by=by_why)
     return acc, replace(request, sequence=acc.asked)
 
 

@@ -35,6 +35,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why the API could not listen on host:port (in use, not permitted), else None.
+    Bound as aiohttp binds (SO_REUSEADDR), so a port in TIME_WAIT is not "in use"."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -17,18 +17,24 @@ from streams.settings import SPECS, UP_API, UP_PORT, Settings, SettingsError
 READS = ("explain", "rebuild", "recall", "beliefs", "stats")  # commands against a running API
 
 
-def _settings_flags() -> argparse.ArgumentParser:
+SETTINGS_EPILOG = ("Every setting is also accepted as a flag (and a REFLECT_* variable); "
+                   "`reflect settings --help` lists them, `reflect settings` prints their values.")
+
+
+def _settings_flags(listed: bool) -> argparse.ArgumentParser:
+    """Every setting as a flag; listed in the help of `reflect settings` only,
+    so each other command's help shows its own options."""
     common = argparse.ArgumentParser(add_help=False)
-    group = common.add_argument_group("settings (each also a REFLECT_* environment variable)")
+    group = common.add_argument_group("settings (each also a REFLECT_* environment variable)") if listed else common
     for spec in SPECS:
         shape = {"action": "store_const", "const": "true"} if spec.switch else {"metavar": spec.name.upper()}
         group.add_argument(spec.flag, dest=spec.name, default=None, **shape,
-                           help=f"{spec.doc} [{spec.env}, default {spec.default!r}]")
+                           help=f"{spec.doc} [{spec.env}, default {spec.default!r}]" if listed else argparse.SUPPRESS)
     return common
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _settings_flags()
+    settings_options = {"parents": [_settings_flags(listed=False)], "epilog": SETTINGS_EPILOG}
     parser = argparse.ArgumentParser(
         prog="reflect",
         description="Reflect: episodes in Kafka become beliefs that cite their evidence.")
@@ -41,30 +47,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     topics = commands.add_parser("topics", help="manage Reflect's topics")
     topics_cmd = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
-    topics_cmd.add_parser("create", parents=[common],
+    topics_cmd.add_parser("create", **settings_options,
                           help="create every topic with the configured partitions (idempotent)")
 
-    send = commands.add_parser("send", parents=[common], help="publish an EpisodeRecorded")
+    send = commands.add_parser("send", **settings_options, help="publish an EpisodeRecorded")
     send.add_argument("--user", required=True, help="user_id (the partition key)")
     send.add_argument("--text", required=True)
     send.add_argument("--importance", required=True, type=float, help="0..1")
     send.add_argument("--episode-id", default=None, help="default: a new random id")
     send.add_argument("--occurred-at", default=None, help="RFC 3339; default: now")
     send.add_argument("--source", default=None)
+    send.add_argument("--metadata", type=_json_object, default=None, help='free-form JSON object, e.g. \'{"pr": 7}\'')
 
-    retract = commands.add_parser("retract", parents=[common], help="publish an EpisodeRetracted")
+    retract = commands.add_parser("retract", **settings_options, help="publish an EpisodeRetracted")
     retract.add_argument("--user", required=True)
     retract.add_argument("--episode-id", required=True)
     retract.add_argument("--reason", default="incorrect",
                          help="incorrect, erasure, duplicate, superseded or other")
 
-    commands.add_parser("worker", parents=[common],
+    commands.add_parser("worker", **settings_options,
                         help="run the stream worker (every processor and the HTTP API) in the foreground")
-    up = commands.add_parser("up", parents=[common], help=(
+    up = commands.add_parser("up", **settings_options, help=(
         "run the whole stack in one process: embedded broker (unless --broker), topics, "
         "every processor, the view and the HTTP API"))
-    up.add_argument("--port", type=int, default=UP_PORT, help=f"HTTP API port (default {UP_PORT})")
-    demo = commands.add_parser("demo", parents=[common], help=(
+    up.add_argument("--port", type=int, default=None, help=f"HTTP API port (default {UP_PORT}; --web-port too)")
+    demo = commands.add_parser("demo", **settings_options, help=(
         "stream a bundled three-month history through the whole stack and score the beliefs it forms"))
     demo.add_argument("--json", action="store_true", help="print the result as one JSON document")
     demo.add_argument("--seed", type=int, default=7, help="seed of the sample history (default 7)")
@@ -110,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval")
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
-    commands.add_parser("settings", parents=[common], help="print the resolved settings")
+    settings = commands.add_parser("settings", parents=[_settings_flags(listed=True)], help=(
+        "print the resolved settings, and what reflect up and reflect demo use where they differ"))
+    settings.add_argument("--port", type=int, default=None, help="the --port reflect up would be given")
     token = commands.add_parser("token", help="per-user API tokens (JWT) for the HTTP API")
     token_cmd = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
-    mint = token_cmd.add_parser("mint", parents=[common], help=(
+    mint = token_cmd.add_parser("mint", **settings_options, help=(
         "print a signed token: HS256 with REFLECT_AUTH_SECRET, or RS256/ES256 with --private-key"))
     mint.add_argument("--users", required=True, help="comma-separated user ids or prefix* patterns ('*': every user)")
     mint.add_argument("--scope", required=True, help='space-separated: read, write, admin (e.g. "read write")')
@@ -123,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="RSA or EC P-256 private key file (the workers hold its public key)")
     dlq = commands.add_parser("dlq", help="the dead letters: list them, replay them after a fix")
     dlq_cmd = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    dlq_list = dlq_cmd.add_parser("list", parents=[common], help="print the dead letters the filters select")
-    dlq_replay = dlq_cmd.add_parser("replay", parents=[common], help=(
+    dlq_list = dlq_cmd.add_parser("list", **settings_options, help="print the dead letters the filters select")
+    dlq_replay = dlq_cmd.add_parser("replay", **settings_options, help=(
         "publish the selected dead letters again to the topic they came from (original key and bytes, "
         "plus a reflect.replayed-from header); safe to repeat: every effect is idempotent by event id, "
         "so a second replay leaves the view unchanged, and what fails again is dead-lettered again"))
@@ -138,6 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--timeout", type=float, default=30.0,
                             help="seconds to read the dead-letter topics to their end (default 30)")
     return parser
+
+
+def _json_object(raw: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _instant(raw: str):
@@ -192,9 +213,7 @@ def _run(args: argparse.Namespace) -> int:
         return _read(args)
     settings = _load(args)
     if args.command == "settings":
-        for spec in SPECS:
-            print(f"{spec.env:28} {getattr(settings, spec.name)!r}")
-        return 0
+        return _print_settings(settings, args)
     if args.command == "topics":
         return _with_broker_errors(settings, _topics_create(settings))
     if args.command == "send":
@@ -223,6 +242,19 @@ def _read(args: argparse.Namespace) -> int:
         return 1
 
 
+def _print_settings(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.stack import differences
+
+    for spec in SPECS:
+        print(f"{spec.env:36} {getattr(settings, spec.name)!r}")
+    changed = differences(args)
+    if changed:
+        print("\nreflect up uses instead (reflect demo too, with a free port):")
+        for env, shown in changed:
+            print(f"{env:36} {shown}")
+    return 0
+
+
 def _with_broker_errors(settings: Settings, coro) -> int:
     from aiokafka.errors import KafkaConnectionError, KafkaError
 
@@ -246,7 +278,7 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
 
     event = await publish_episode(settings, args.user, args.text, args.importance,
                                   episode_id=args.episode_id, occurred_at=args.occurred_at,
-                                  source=args.source)
+                                  source=args.source, metadata=args.metadata)
     print(event.episode_id)
     return 0
 
@@ -340,6 +372,9 @@ def _worker(settings: Settings) -> int:
 
     if exposure_problem(settings):  # before anything touches the broker
         raise SettingsError(exposure_problem(settings))
+    from streams.stack import refuse_taken_port
+
+    refuse_taken_port(settings, "--web-port (REFLECT_WEB_PORT)")
     configure(settings)  # until the worker applies the same configuration itself
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info

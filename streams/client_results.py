@@ -189,14 +189,16 @@ class Stats:
     reflections: int
     pending_importance: float
     high_salience: int
-    cycles: Any
+    cycles: int  # threshold cycles (v1's meaning)
     tokens_today: int
+    cycles_by_kind: dict[str, int] = field(default_factory=dict)  # threshold, manual, revalidation
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Stats":
         return cls(**_pick(data, "user_id", "episodes", "retracted", "reflections", "pending_importance",
-                           "high_salience", "cycles", "tokens_today"), raw=data)
+                           "high_salience", "cycles", "tokens_today"),
+                   cycles_by_kind=dict(data.get("cycles_by_kind") or {}), raw=data)
 
 
 @dataclass(frozen=True)

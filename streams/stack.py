@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from streams import logs
-from streams.settings import SPECS, Settings
+from streams.settings import SPECS, UP_PORT, Settings, SettingsError
 
 API_ROUTES = (
     "POST /v1/users/{user}/episodes",
@@ -38,7 +38,9 @@ def stack_settings(args: argparse.Namespace, env=os.environ) -> tuple[Settings, 
     """
     given = {spec.name: getattr(args, spec.name, None) for spec in SPECS}
     embedded = given["broker"] is None and not env.get("REFLECT_BROKER")
-    given["web_port"] = args.port
+    # --port, else --web-port (the worker's name for it), else up's own default.
+    port = getattr(args, "port", None)
+    given["web_port"] = port if port is not None else given["web_port"] if given["web_port"] is not None else UP_PORT
     if given["embedder"] is None and not env.get("REFLECT_EMBEDDER"):
         given["embedder"] = "minilm" if importlib.util.find_spec("onnxruntime") else "hashing"
     settings = Settings.load(env=env, **given)
@@ -49,6 +51,26 @@ def stack_settings(args: argparse.Namespace, env=os.environ) -> tuple[Settings, 
     return settings, embedded
 
 
+def refuse_taken_port(settings: Settings, flag: str) -> None:
+    """One line, before a broker, topic or view is made, when the API's port is taken."""
+    from streams.broker import port_taken
+
+    why = port_taken(settings.web_host, settings.web_port)
+    if why:
+        raise SettingsError(f"the API cannot listen on {settings.web_host}:{settings.web_port} ({why}; "
+                            f"another reflect up or worker?): choose another with {flag}")
+
+
+def differences(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(variable, value shown) of each setting `up` and `demo` use differently
+    from the plain resolution (`reflect settings` reports both)."""
+    plain = Settings.load(**{spec.name: getattr(args, spec.name, None) for spec in SPECS})
+    stacked, embedded = stack_settings(args)
+    out = [(spec.env, repr(getattr(stacked, spec.name))) for spec in SPECS
+           if getattr(plain, spec.name) != getattr(stacked, spec.name)]
+    return [("REFLECT_BROKER", "(an embedded Tansu on a free port)")] + out if embedded else out
+
+
 def up(args: argparse.Namespace) -> int:
     import faust
 
@@ -57,6 +79,7 @@ def up(args: argparse.Namespace) -> int:
     from streams.cli import _topics_create, _with_broker_errors
 
     settings, embedded = stack_settings(args)
+    refuse_taken_port(settings, "--port")
     with contextlib.ExitStack() as stack:
         broker = None
         if embedded:

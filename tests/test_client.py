@@ -59,7 +59,6 @@ def test_client_sync_and_async_against_a_worker(settings, worker, monkeypatch, c
         why = reflect.explain("ann", "r1")
         assert why.belief.evidence_ids == [first.episode_id, "e2"]
         assert {c["id"] for c in why.provenance["evidence"]} == {first.episode_id, "e2"}
-        assert reflect.reflect("ann").cycle_id.startswith("ann:manual:")
 
         with pytest.raises(Invalid) as bad:
             reflect.record("ann", "x", importance=7)
@@ -97,6 +96,10 @@ def test_client_sync_and_async_against_a_worker(settings, worker, monkeypatch, c
     with ReflectClient(api, TOKEN) as reflect:
         assert reflect.retract("ann", "e2", "erasure").episode_id == "e2"
         wait_for(lambda: reflect.explain("ann", "r1").belief.status == "invalid", 30, "r1 invalid without e2")
+        assert reflect.reflect("ann").cycle_id.startswith("ann:manual:")
+        kinds = wait_for(lambda: reflect.stats("ann").cycles_by_kind if reflect.stats("ann").cycles_by_kind.get(
+            "manual") else None, 30, "the manual cycle counted")
+        assert kinds == {"threshold": 0, "manual": 1, "revalidation": 0}
 
 
 class Refusing:

@@ -11,6 +11,8 @@ from processors.accumulator import Accumulator
 from processors.guard import Spend, day_of
 from streams.routes.common import answers_json, context, owned
 
+CYCLE_KINDS = ("threshold", "manual", "revalidation")  # always shown, 0 until asked
+
 
 def counts(view, user_id: str) -> dict[str, int]:
     return {"episodes": view.count(user_id, kind="episode", status="recorded"),
@@ -30,7 +32,8 @@ class Stats(View):
             "user_id": user_id, **held,
             "pending_importance": round(acc.pending, 6),
             "high_salience": acc.high_salience,
-            "cycles": acc.cycles,
+            "cycles": acc.cycles,  # threshold cycles, as v1 readers know it; every kind below
+            "cycles_by_kind": {why: acc.asked_by.get(why, 0) for why in CYCLE_KINDS} | acc.asked_by,
             "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
         })
 
