@@ -35,6 +35,7 @@ from streams.settings import UP_API
 
 DEFAULT_API = UP_API  # where `reflect up` serves by default
 RETRIED_STATUS = 503
+VISIBLE_POLL = 0.05  # seconds between reads while waiting for a write to be applied (no server push to wait on)
 # Only failures where the request may be sent again safely: it never left
 # (connect), or the answer never came for a read.
 CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -82,6 +83,12 @@ class _Call:
     parse: Callable[[dict[str, Any]], Any]
     params: dict[str, Any] | None = None
     body: dict[str, Any] | None = None
+    visible: "_Call | None" = None  # a read that answers once the write is applied
+    wait: float = 0.0  # seconds to wait for it
+
+    def gave_up(self) -> ReflectError:
+        return ReflectError(f"{self.path} was accepted, but {self.visible.path} did not answer within {self.wait} s; "
+                            "the worker may be behind (GET /healthz, stats)")
 
     @property
     def reads(self) -> bool:
@@ -142,11 +149,15 @@ class _Api:
 
     def record(self, user: str, text: str, importance: float, *, episode_id: str | None = None,
                occurred_at: str | None = None, source: str | None = None,
-               metadata: dict[str, Any] | None = None) -> Accepted:
-        """Record an episode (importance 0..1); `.episode_id` names it."""
-        body = _given(text=text, importance=importance, episode_id=episode_id or uuid.uuid4().hex,
-                      occurred_at=occurred_at, source=source, metadata=metadata)
-        return self._send(_Call("POST", _user(user, "episodes"), Accepted.from_json, body=body))
+               metadata: dict[str, Any] | None = None, wait: float | None = None) -> Accepted:
+        """Record an episode (importance 0..1); `.episode_id` names it. Reads see
+        it once the worker has applied it; `wait=` seconds: return only then."""
+        episode_id = episode_id or uuid.uuid4().hex
+        body = _given(text=text, importance=importance, episode_id=episode_id, occurred_at=occurred_at,
+                      source=source, metadata=metadata)
+        visible = _Call("GET", _user(user, "episodes", episode_id), dict) if wait else None
+        return self._send(_Call("POST", _user(user, "episodes"), Accepted.from_json, body=body, visible=visible,
+                                wait=wait or 0.0))
 
     def retract(self, user: str, episode_id: str, reason: str = "incorrect") -> Accepted:
         """Retract an episode (incorrect, erasure, duplicate, superseded, other): beliefs resting on it are revisited."""
@@ -216,6 +227,21 @@ class ReflectClient(_Api):
         self._http = httpx.Client(base_url=self.api, headers=self.headers, timeout=self.timeout)
 
     def _send(self, call: _Call) -> Any:
+        result = self._once(call)
+        deadline = time.monotonic() + call.wait
+        while call.visible is not None and not self._found(call.visible):
+            if time.monotonic() > deadline:
+                raise call.gave_up()
+            time.sleep(VISIBLE_POLL)
+        return result
+
+    def _found(self, probe: _Call) -> bool:
+        try:
+            return self._once(probe) is not None
+        except NotFound:
+            return False
+
+    def _once(self, call: _Call) -> Any:
         for attempt in range(self.retry.attempts):
             try:
                 answer = self._http.request(call.method, call.path, params=call.params, json=call.body)
@@ -244,6 +270,21 @@ class AsyncReflectClient(_Api):
         self._http = httpx.AsyncClient(base_url=self.api, headers=self.headers, timeout=self.timeout)
 
     async def _send(self, call: _Call) -> Any:
+        result = await self._once(call)
+        deadline = time.monotonic() + call.wait
+        while call.visible is not None and not await self._found(call.visible):
+            if time.monotonic() > deadline:
+                raise call.gave_up()
+            await asyncio.sleep(VISIBLE_POLL)
+        return result
+
+    async def _found(self, probe: _Call) -> bool:
+        try:
+            return await self._once(probe) is not None
+        except NotFound:
+            return False
+
+    async def _once(self, call: _Call) -> Any:
         for attempt in range(self.retry.attempts):
             try:
                 answer = await self._http.request(call.method, call.path, params=call.params, json=call.body)

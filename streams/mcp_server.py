@@ -23,6 +23,7 @@ usually…' from beliefs; `explain_belief` shows a belief's evidence; retract an
 that was wrong (reason erasure removes its text)."""
 
 
+RECORD_WAIT = 10.0  # seconds a recorded episode may take to become recallable before the tool says so
 MEMORY_KEYS = ("id", "kind", "text", "score", "occurred_at", "evidence_ids")  # what a model needs of a result
 
 
@@ -69,9 +70,9 @@ def build(client: AsyncReflectClient, user: str | None = None):
                              occurred_at: str | None = None, source: str | None = None,
                              metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record something that happened with the user (importance 0..1; occurred_at RFC 3339, default now).
-        Returns its episode_id; it is recallable once the worker has applied it (normally within a second)."""
+        Returns its episode_id once it is recallable."""
         done = await _through(client.record(scope.of(user_id), text, importance, occurred_at=occurred_at,
-                                            source=source, metadata=metadata))
+                                            source=source, metadata=metadata, wait=RECORD_WAIT))
         return {"episode_id": done.episode_id, "event_id": done.event_id}
 
     @server.tool()
