@@ -108,6 +108,10 @@ def build(client: AsyncReflectClient, user: str | None = None):
 
 def serve(api: str | None, user: str | None, transport: str, host: str, port: int) -> int:
     """Run until stopped: stdio for a client that launches it, streamable HTTP at http://host:port/mcp."""
+    import logging
+
+    # httpx logs every request at INFO, user ids in its URLs: not for an MCP client's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     client = AsyncReflectClient(api)
     server = build(client, user)
     if transport == "stdio":
