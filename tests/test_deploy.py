@@ -227,7 +227,10 @@ def test_the_entry_command_is_the_reflect_console_script_and_runs():
     code = f"import sys, {module} as m; sys.exit(m.{func}(sys.argv[1:]))"
     run = subprocess.run([sys.executable, "-c", code, "worker", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 0 and "reflect settings --help" in run.stdout.replace("\n", " "), run.stderr
+    # The worker's settings (each a flag of every command) are listed by `settings --help`.
+    run = subprocess.run([sys.executable, "-c", code, "settings", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
     assert "--broker" in run.stdout and "--qdrant-url" in run.stdout and "--web-port" in run.stdout
 
 
