@@ -9,8 +9,10 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from conftest import run, wait_for
 from schemas import ReflectionCreated
@@ -108,35 +110,40 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_streamable_http_with_a_user_per_call_and_the_apis_auth(api, tmp_path):
+def test_streamable_http_sessions_bring_their_own_user_and_token(api, tmp_path):
     _, url = api
     port = free_port()
     log = open(tmp_path / "mcp.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "streams.cli", "mcp", "--api", url, "--transport", "http",
                                 "--port", str(port)], env=mcp_env(REFLECT_API_TOKEN=TOKEN), stdout=log, stderr=log,
                                stdin=subprocess.DEVNULL)
-    wrong = subprocess.Popen([sys.executable, "-m", "streams.cli", "mcp", "--api", url, "--transport", "http",
-                              "--port", str(wrong_port := free_port())], env=mcp_env(REFLECT_API_TOKEN="wrong"),
-                             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: process.poll() is None and _listening(port) and _listening(wrong_port), 30,
-                 "reflect mcp --transport http listening")
+    endpoint = f"http://127.0.0.1:{port}/mcp"
 
-        async def session():
-            async with Client(f"http://127.0.0.1:{port}/mcp") as mcp:
+    def session(**headers: str) -> Client:
+        return Client(streamable_http_client(endpoint, http_client=httpx2.AsyncClient(headers=headers)))
+
+    try:
+        wait_for(lambda: process.poll() is None and _listening(port), 30, "reflect mcp --transport http listening")
+
+        async def sessions():
+            async with Client(endpoint) as mcp:  # no scope: each call names its user; the server's token
                 assert {t.name for t in (await mcp.list_tools()).tools} == TOOLS
                 done = await mcp.call_tool("record_episode", {"text": "bob's first", "importance": 0.4,
                                                               "user_id": "bob"})
                 assert not done.is_error, text_of(done)
                 unscoped = await mcp.call_tool("recall", {"query": "first"})
                 assert unscoped.is_error and "user_id is required" in text_of(unscoped)
-            async with Client(f"http://127.0.0.1:{wrong_port}/mcp") as mcp:
+            async with session(**{"X-Reflect-User": "bob"}) as mcp:  # one user for the session
+                found = await mcp.call_tool("recall", {"query": "first"})
+                assert [r["text"] for r in found.structured_content["results"]] == ["bob's first"]
+                other = await mcp.call_tool("recall", {"query": "first", "user_id": "ann"})
+                assert other.is_error and "acts for user 'bob' only" in text_of(other)
+            async with session(Authorization="Bearer not-the-token") as mcp:  # its own credential, refused
                 refused = await mcp.call_tool("recall", {"query": "first", "user_id": "bob"})
                 assert refused.is_error and "unauthorized" in text_of(refused)
 
-        run(session())
+        run(sessions())
     finally:
-        for p in (process, wrong):
-            p.terminate()
-            p.wait(15)
+        process.terminate()
+        process.wait(15)
         log.close()
