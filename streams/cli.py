@@ -246,12 +246,12 @@ def _print_settings(settings: Settings, args: argparse.Namespace) -> int:
     from streams.stack import differences
 
     for spec in SPECS:
-        print(f"{spec.env:36} {getattr(settings, spec.name)!r}")
+        print(f"{spec.env:28} {getattr(settings, spec.name)!r}")
     changed = differences(args)
     if changed:
         print("\nreflect up uses instead (reflect demo too, with a free port):")
         for env, shown in changed:
-            print(f"{env:36} {shown}")
+            print(f"{env:28} {shown}")
     return 0
 
 

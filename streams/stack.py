@@ -100,7 +100,10 @@ def up(args: argparse.Namespace) -> int:
             where = (f"embedded Tansu at {broker.bootstrap} (memory only: this run's log ends with it)"
                      if broker else settings.bootstrap)
             view = settings.qdrant_url or f"Qdrant Edge in {settings.view_dir}"
-            print(f"Reflect is up.\n  API      {base}\n  broker   {where}\n  view     {view}\n"
+            # The CLI's reads and the client look at up's default port unless told.
+            elsewhere = "" if settings.web_port == UP_PORT else \
+                f"           (not the default port: export REFLECT_API={base} for the CLI's reads and the client)\n"
+            print(f"Reflect is up.\n  API      {base}\n{elsewhere}  broker   {where}\n  view     {view}\n"
                   f"  reasoner {settings.reasoner}, embedder {settings.embedder}\n  routes   "
                   + "\n           ".join(API_ROUTES) + "\nCtrl-C or SIGTERM stops it.", flush=True)
 

@@ -55,6 +55,7 @@ def test_up_serves_the_api_and_stops_cleanly(stack):
     port, process, tmp_path = stack
     announcement = (tmp_path / "up.out").read_text()
     assert f"http://127.0.0.1:{port}" in announcement and "embedded Tansu at 127.0.0.1:" in announcement
+    assert f"export REFLECT_API=http://127.0.0.1:{port} " in announcement  # not 8080: where reads must look
 
     status, answer = call(port, "POST", "/v1/users/ann/episodes",
                           b'{"text": "deploys need a log check", "importance": 0.7, "episode_id": "e1"}')
