@@ -38,6 +38,7 @@ class Tables:
     provenance: Any  # user → the invalidator's state (processors/invalidator.py)
     spend: Any  # "user:<id>" / "partition:<n>" → Spend.to_dict(): tokens spent today
     requests_done: Any  # user → the sequence number of the last request whose cycle is done and in the view
+    last_cycle: Any  # user → what their last cycle made, or why nothing (streams/cycle_notes.py), for stats
 
     @classmethod
     def of(cls, app: faust.App, partitions: int) -> "Tables":
@@ -46,7 +47,8 @@ class Tables:
         return cls(app.Table("accumulators", default=dict, partitions=partitions),
                    app.Table("invalidator", default=dict, partitions=partitions),
                    app.Table("reasoner-spend", default=dict, partitions=partitions),
-                   app.Table("requests-done", default=int, partitions=partitions))
+                   app.Table("requests-done", default=int, partitions=partitions),
+                   app.Table("last-cycle", default=dict, partitions=partitions))
 
 
 def write(table, partition: int, key: str, value: Any) -> None:

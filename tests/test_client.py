@@ -97,10 +97,14 @@ def test_client_sync_and_async_against_a_worker(settings, worker, monkeypatch, c
     with ReflectClient(api, TOKEN) as reflect:
         assert reflect.retract("ann", "e2", "erasure").episode_id == "e2"
         wait_for(lambda: reflect.explain("ann", "r1").belief.status == "invalid", 30, "r1 invalid without e2")
-        assert reflect.reflect("ann").cycle_id.startswith("ann:manual:")
+        manual = reflect.reflect("ann").cycle_id
+        assert manual.startswith("ann:manual:")
         kinds = wait_for(lambda: reflect.stats("ann").cycles_by_kind if reflect.stats("ann").cycles_by_kind.get(
             "manual") else None, 30, "the manual cycle counted")
         assert kinds == {"threshold": 0, "manual": 1, "revalidation": 0}
+        last = wait_for(lambda: reflect.stats("ann").raw["last_cycle"], 30, "the manual cycle's outcome in stats")
+        assert (last["cycle_id"], last["why"], last["created"] + last["reinforced"]) == (manual, "manual", 0)
+        assert last["why_nothing"]  # two unrelated live episodes: nothing a belief could rest on, and it says so
 
 
 class Refusing:

@@ -119,7 +119,7 @@ def test_schemathesis_finds_no_server_error_against_reflect_up(reflect_up, tmp_p
          # episode read back at once may be 404 yet, which this check counts as a failure.
          "--exclude-checks", "ensure_resource_availability",
          "--report", "json,ndjson", "--report-dir", str(reports)],
-        capture_output=True, text=True, timeout=FUZZ_SECONDS, cwd=ROOT)
+        capture_output=True, text=True, timeout=FUZZ_SECONDS, cwd=tmp_path)  # its cache stays out of the repository
     seconds = time.monotonic() - started
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     summary = json.loads(next(reports.glob("json-*.json")).read_text())

@@ -72,7 +72,8 @@ class Witness:
         # Spend is not checked: tokens are charged once the reasoner answered,
         # spent whether or not the cycle's events reach the log.
         self.checks = {"accumulators": self.counted_in_view, "invalidator": self.gone_in_view,
-                       "requests-done": self.answered_in_log, "reasoner-spend": lambda key, value: None}
+                       "requests-done": self.answered_in_log, "reasoner-spend": lambda key, value: None,
+                       "last-cycle": self.completed_in_log}
         runtime.app.on_write = self
 
     def __call__(self, table: str, key: str, value) -> None:
@@ -90,6 +91,12 @@ class Witness:
             pids = {point_id("episode", user, gone): "retracted", point_id("reflection", user, gone): "invalid"}
             return any(p.get("status") == pids[pid] for pid, p in self.view.get(list(pids)).items())
         return [f"{gone} was gone in the view" for gone in state["gone"] if not shown(gone)]
+
+    def completed_in_log(self, user: str, note: dict):
+        """A cycle's note for stats: its ReflectionCycleCompleted on the log first."""
+        if not any(isinstance(e, ReflectionCycleCompleted) and e.cycle_id == note["cycle_id"]
+                   for e in self.outlets.reflections.events()):
+            return f"cycle {note['cycle_id']} was completed on the log"
 
     def answered_in_log(self, user: str, sequence: int):
         """The user's requests up to `sequence` are done: this one's cycle

@@ -26,6 +26,7 @@ from processors.projector import ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from schemas import Event, ReflectionRequested
 from streams import metrics
+from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import Runner
 from streams.runtime import Runtime, write
@@ -95,6 +96,7 @@ class RequestsPipeline(Runner):
         for key, s in zip(spend_keys(request, partition), self.spent(request, partition)):
             write(runtime.tables.spend, partition, key, s.charged(today(), tokens_of(completed.usage)).to_dict())
         runtime.tally.add(completed)
+        write(runtime.tables.last_cycle, partition, request.user_id, summary(completed))
         metrics.cycle(completed)
         if completed.outcome in ("failed", "unavailable", "refused"):
             log.warning("cycle %s %s: %s", request.cycle_id, completed.outcome, completed.error,

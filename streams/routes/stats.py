@@ -35,6 +35,7 @@ class Stats(View):
             "cycles": acc.cycles,  # threshold cycles, as v1 readers know it; every kind below
             "cycles_by_kind": {why: acc.asked_by.get(why, 0) for why in CYCLE_KINDS} | acc.asked_by,
             "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
+            "last_cycle": ctx.tables.last_cycle.get(user_id) or None,  # what it made, or why nothing
         })
 
 
