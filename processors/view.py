@@ -73,10 +73,10 @@ class Scoring:
     (no rank fusion), so equal scores mean equal points, and a cut by
     (-score, id) is the same whatever the storage layout (the reflector's
     determinism rests on that)."""
-    # The reflector's evidence step uses these defaults: the determinism suites
-    # (tests/test_pipeline_memory.py, test_determinism.py) pass with them and
-    # diverged at lexical 1.0 / saturation 8 (cause not found yet). Recall uses
-    # RECALL_SCORING (processors/retrieval.py).
+    # The reflector's evidence step uses these defaults (with a prefetch of
+    # every candidate: a cut inside a tie at a half's boundary is what made
+    # its evidence depend on storage order); recall uses RECALL_SCORING
+    # (processors/retrieval.py).
     lexical: float = 0.5
     saturation: float = 4.0
     recency: float = 0.0
@@ -123,12 +123,18 @@ class VectorStore(Protocol):
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
-                      **match: str) -> list[list[Hit]]:
+                      prefetch: int | None = None, **match: str) -> list[list[Hit]]:
         """Per (vector, text) query: the user's k best points by `scoring`
         (dense cosine fused with BM25 on the text, boosted by recency and
         importance), in one batch; points matching `exclude` are left out of
         the answer and of the BM25 statistics. A view built before BM25 terms were stored
-        answers by the dense half alone (see `lexical`)."""
+        answers by the dense half alone (see `lexical`).
+
+        Each half is cut at `prefetch` candidates (default max(PREFETCH, 2k))
+        before the formula; a point outside a half scores 0 there. Where the
+        answer must not depend on the storage layout (the reflector), pass at
+        least the number of points the filter admits: every point then scores
+        exactly, and equal scores mean equal points."""
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
@@ -269,7 +275,7 @@ class EdgeView:
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
-                      **match: str) -> list[list[Hit]]:
+                      prefetch: int | None = None, **match: str) -> list[list[Hit]]:
         q, where = self._q, self._filter(user_id, match, before, exclude)
         # IDF over the user's points of every kind (scores of an episode query
         # and a belief query compare, so the two can be ranked together), and
@@ -277,7 +283,7 @@ class EdgeView:
         # after `before` would make a cycle's evidence depend on how far the
         # projector had read (the same log must give the same beliefs).
         idf = q.SearchParams(idf=q.IdfParams(corpus=self._filter(user_id, {}, before, exclude)))
-        limit = max(PREFETCH, 2 * k)
+        limit = prefetch or max(PREFETCH, 2 * k)
         requests = []
         for vector, text in zip(vectors, texts):
             halves = [q.Prefetch(limit=limit, query=q.Query.Nearest(_floats(vector), using=VECTOR), filter=where,
@@ -442,11 +448,11 @@ class QdrantView:
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
-                      **match: str) -> list[list[Hit]]:
+                      prefetch: int | None = None, **match: str) -> list[list[Hit]]:
         m, where = self._m, self._filter(user_id, match, before, exclude)
         # IDF over the user's points of every kind it may see by time, as in EdgeView.
         idf = m.SearchParams(idf=m.IdfCorpusParams(corpus=self._filter(user_id, {}, before, exclude)))
-        limit = max(PREFETCH, 2 * k)
+        limit = prefetch or max(PREFETCH, 2 * k)
         requests = []
         for vector, text in zip(vectors, texts):
             halves = [m.Prefetch(query=_floats(vector), using=VECTOR, limit=limit, filter=where,
