@@ -50,6 +50,7 @@ GROUNDING_COSINE = {"minilm": 0.35, "hashing": 0.05}
 
 
 TIE_MARGIN = 2  # over-fetch: the engine orders equal scores by storage, which batches change
+POOL = 2  # the evidence step reranks the dense top POOL × k of each question by the hybrid score
 
 
 def top(hits: Sequence[Hit], k: int) -> list[Hit]:
@@ -62,11 +63,16 @@ def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vecto
                 at: str, cycle_id: str) -> list[list[Candidate]]:
     """Per question: episodes and live beliefs of this user near it that
     occurred by the cycle's time `at`; a belief already at max_depth is left
-    out, as nothing citing it could be kept. One batched hybrid search per
-    kind (dense + BM25 fused in the engine, as recall reads): the cost of a
-    cycle is its scans of the user's store. Each half is prefetched whole, so
-    every point scores exactly and the cut below is the same whatever the
-    view's storage layout.
+    out, as nothing citing it could be kept. Two batched searches per kind:
+    the exact dense top POOL × k of each question, cut by (score, id), then
+    the engine's hybrid score (dense + BM25 fused, as recall reads) of that
+    pool, every point of it scored exactly (IDF over the user's whole store),
+    cut by (score, id) again: the same evidence whatever the view's storage
+    layout, at the cost of a search over the pool rather than the store (a
+    hybrid query prefetching the whole store took 290 ms a cycle at 10k
+    episodes, against 14 ms for the dense search). What BM25 adds here is the
+    order within the pool: a point the dense search ranks below the pool is
+    not found by its terms alone.
 
     Beliefs of this very cycle are left out too: they occur at `at`, so a
     redelivered request (at-least-once: a worker killed after publishing,
@@ -77,11 +83,14 @@ def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vecto
     own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
 
     def search(n: int, kind: str, status: str) -> list[list[Hit]]:
-        whole = view.count(user_id, kind=kind, status=status)
-        return view.search_hybrid(user_id, vectors, questions, n, before=at, prefetch=max(whole, n),
-                                  kind=kind, status=status)
-    episodes = search(TIE_MARGIN * k, "episode", "recorded")
-    beliefs = search(TIE_MARGIN * k + own, "reflection", "live")
+        near = view.search_many(user_id, vectors, TIE_MARGIN * POOL * n, before=at, kind=kind, status=status)
+        pool = sorted({h.id for hits in near for h in top(hits, POOL * n)})
+        if not pool:
+            return [[] for _ in questions]
+        return view.search_hybrid(user_id, vectors, questions, len(pool), before=at, ids=pool,
+                                  prefetch=len(pool), kind=kind, status=status)
+    episodes = search(k, "episode", "recorded")
+    beliefs = search(k + own, "reflection", "live")
     episodes = [top(e, k) for e in episodes]
     beliefs = [top([h for h in b if h.payload.get("cycle_id") != cycle_id], k) for b in beliefs]
     return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),

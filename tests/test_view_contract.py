@@ -311,3 +311,9 @@ def test_a_whole_prefetch_scores_every_point_exactly_whatever_the_layout(make_vi
     assert answers[0] == answers[1] and len(answers[0]) == 30
     [cut] = view.search_hybrid("alice", [unit(7)], question, k=30, prefetch=2)
     assert len(cut) < 30  # a narrow prefetch leaves points out: the whole one does not
+    # Restricted to some ids, those points score as in the whole query (IDF stays the user's).
+    some = [pid(i) for i in (0, 4, 21, 25)]
+    [pool] = view.search_hybrid("alice", [unit(7)], question, k=30, ids=some, prefetch=len(some))
+    whole = {h.id: round(h.score, 5) for h in view.search_hybrid("alice", [unit(7)], question, k=30,
+                                                                 prefetch=30)[0]}
+    assert {h.id: round(h.score, 5) for h in pool} == {i: whole[i] for i in some}
