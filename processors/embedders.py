@@ -60,7 +60,7 @@ class Precomputed:
     previous batch was handled); the other texts it embeds as it is asked."""
 
     def __init__(self, embedder: Embedder, vectors: dict[str, np.ndarray]) -> None:
-        self.embedder, self.vectors, self.dim = embedder, dict(vectors), embedder.dim
+        self.embedder, self.vectors, self.dim, self.name = embedder, dict(vectors), embedder.dim, embedder.name
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         missing = [t for t in dict.fromkeys(texts) if t not in self.vectors]

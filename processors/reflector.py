@@ -50,6 +50,7 @@ GROUNDING_COSINE = {"minilm": 0.35, "hashing": 0.05}
 
 
 TIE_MARGIN = 2  # over-fetch: the engine orders equal scores by storage, which batches change
+POOL = 2  # the evidence step reranks the dense top POOL × k of each question by the hybrid score
 
 
 def top(hits: Sequence[Hit], k: int) -> list[Hit]:
@@ -58,12 +59,20 @@ def top(hits: Sequence[Hit], k: int) -> list[Hit]:
     return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
 
 
-def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int, at: str,
-                cycle_id: str) -> list[list[Candidate]]:
-    """Per question vector: episodes and live beliefs of this user near it that
+def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vectors, k: int, max_depth: int,
+                at: str, cycle_id: str) -> list[list[Candidate]]:
+    """Per question: episodes and live beliefs of this user near it that
     occurred by the cycle's time `at`; a belief already at max_depth is left
-    out, as nothing citing it could be kept. One batched search per kind: the
-    cost of a cycle is its scans of the user's store.
+    out, as nothing citing it could be kept. Two batched searches per kind:
+    the exact dense top POOL × k of each question, cut by (score, id), then
+    the engine's hybrid score (dense + BM25 fused, as recall reads) of that
+    pool, every point of it scored exactly (IDF over the user's whole store),
+    cut by (score, id) again: the same evidence whatever the view's storage
+    layout, at the cost of a search over the pool rather than the store (a
+    hybrid query prefetching the whole store took 290 ms a cycle at 10k
+    episodes, against 14 ms for the dense search). What BM25 adds here is the
+    order within the pool: a point the dense search ranks below the pool is
+    not found by its terms alone.
 
     Beliefs of this very cycle are left out too: they occur at `at`, so a
     redelivered request (at-least-once: a worker killed after publishing,
@@ -72,9 +81,16 @@ def _candidates(view: VectorStore, user_id: str, vectors, k: int, max_depth: int
     asks for as many more as the view holds of them, so what is left is the
     same top k the first run saw."""
     own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
-    episodes = view.search_many(user_id, vectors, TIE_MARGIN * k, before=at, kind="episode", status="recorded")
-    beliefs = view.search_many(user_id, vectors, TIE_MARGIN * k + own, before=at, kind="reflection",
-                               status="live")
+
+    def search(n: int, kind: str, status: str) -> list[list[Hit]]:
+        near = view.search_many(user_id, vectors, TIE_MARGIN * POOL * n, before=at, kind=kind, status=status)
+        pool = sorted({h.id for hits in near for h in top(hits, POOL * n)})
+        if not pool:
+            return [[] for _ in questions]
+        return view.search_hybrid(user_id, vectors, questions, len(pool), before=at, ids=pool,
+                                  prefetch=len(pool), kind=kind, status=status)
+    episodes = search(k, "episode", "recorded")
+    beliefs = search(k + own, "reflection", "live")
     episodes = [top(e, k) for e in episodes]
     beliefs = [top([h for h in b if h.payload.get("cycle_id") != cycle_id], k) for b in beliefs]
     return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
@@ -154,7 +170,8 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         questions, used = _asked(reasoner.questions, [r["text"] for r in window], config.questions,
                                  importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
-        found = _candidates(view, user, embedder.embed(questions), config.top_k * 4, config.max_depth, at, cycle) \
+        found = _candidates(view, user, questions, embedder.embed(questions), config.top_k * 4, config.max_depth,
+                            at, cycle) \
             if questions else []
         asked = [(q, rerank(c, cycle_time, config.top_k, config.weights)) for q, c in zip(questions, found)]
         answers, used = _asked(_insights, reasoner, asked, config.insights)

@@ -4,8 +4,11 @@ A question about one event ("when did the deploy fail?") wants the episode
 itself, with its timestamp: a belief is a summary and would lose the detail.
 A question about a habit ("how does the user usually handle flaky tests?")
 wants a belief, with the episodes it rests on attached so the answer can be
-checked. `classify` picks the route by rules (cheap, deterministic, each
-decision explained); `recall` reads the view for that route.
+checked. `mode=auto` picks the route with the learned router
+(processors/router.py: logistic regression over the question's embedding and
+the rule cues of `classify`, trained on a labeled set kept as data); when it
+is unsure it answers both ways, beliefs and episodes ranked together, so a
+wrong guess costs no recall. `recall` reads the view for that route.
 
 Every read is filtered to one user and every payload read back is checked
 again: a view bug or a forged citation must never surface another user's memory.
@@ -18,6 +21,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from processors import router
 from processors.injection import instruction_cue, neutralised
 from processors.projector import point_id
 from processors.reflection import Candidate
@@ -133,20 +137,20 @@ def recall(view, embedder, user_id: str, query: str, mode: str = "auto", k: int 
     One hybrid engine query per kind (dense + BM25 fused, recency and
     importance applied by the engine's formula: RECALL_SCORING); "score" is
     that final score. The instance route serves recorded episodes. The
-    pattern route serves live beliefs scoring ≥ min_belief_score, with their
+    pattern route (and "both", when the router is unsure) serves live beliefs scoring ≥ min_belief_score, with their
     evidence, ranked together with the best episodes (one address space, one
     score), so a question that names an event still finds it.
     """
     if mode not in ("auto", "instance", "pattern"):
         raise ValueError(f"unknown recall mode {mode!r}: expected 'auto', 'instance' or 'pattern'")
-    route, reason = classify(query) if mode == "auto" else (mode, f"mode {mode!r} requested")
     now = now or datetime.now(timezone.utc)
     now = now if now.tzinfo else now.replace(tzinfo=timezone.utc)  # a naive time is taken as UTC
     scoring = recall_scoring(now)
     vector = embedder.embed([query])[0]
+    route, reason = router.route(embedder, query, vector) if mode == "auto" else (mode, f"mode {mode!r} requested")
     found = _search(view, user_id, vector, query, k, "episode", "recorded", scoring)
     cited: dict[str, list[str]] = {}
-    if route == "pattern":
+    if route in ("pattern", "both"):
         beliefs = _search(view, user_id, vector, query, k, "reflection", "live", scoring)
         served = [(c, p) for c, p in beliefs if c.similarity >= min_belief_score]
         if not served:

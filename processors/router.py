@@ -9,7 +9,7 @@ both ways ranked together, so a wrong guess costs no recall.
 
 from __future__ import annotations
 
-import functools
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -60,15 +60,26 @@ def train(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, steps: int = 600, rate
     return Router(w, b)
 
 
-@functools.lru_cache(maxsize=4)
-def _trained(embedder) -> Router:
-    rows = labeled()
-    return train(features(embedder, [q for q, _ in rows]), np.array([r == "pattern" for _, r in rows], dtype=float))
+_TRAINED: dict[tuple[str, int], Router] = {}
+_TRAINING = threading.Lock()
+
+
+def trained(embedder) -> Router:
+    """The router for this embedder, trained on first use (a second or so with
+    MiniLM; the worker does it at start). Keyed by the embedder's name and
+    dimension: embedders are deterministic, so one of each kind is enough."""
+    key = (embedder.name, embedder.dim)
+    with _TRAINING:
+        if key not in _TRAINED:
+            rows = labeled()
+            _TRAINED[key] = train(features(embedder, [q for q, _ in rows]),
+                                  np.array([r == "pattern" for _, r in rows], dtype=float))
+        return _TRAINED[key]
 
 
 def route(embedder, question: str, vector=None) -> tuple[str, str]:
     """("instance" | "pattern" | "both", why)."""
-    p = float(_trained(embedder).p_pattern(features(embedder, [question], vector))[0])
+    p = float(trained(embedder).p_pattern(features(embedder, [question], vector))[0])
     if abs(p - 0.5) < UNSURE:
         return "both", f"router unsure (p(pattern) {p:.2f}): both ways, ranked together"
     kind = "pattern" if p > 0.5 else "instance"

@@ -73,10 +73,10 @@ class Scoring:
     (no rank fusion), so equal scores mean equal points, and a cut by
     (-score, id) is the same whatever the storage layout (the reflector's
     determinism rests on that)."""
-    # The reflector's evidence step uses these defaults: the determinism suites
-    # (tests/test_pipeline_memory.py, test_determinism.py) pass with them and
-    # diverged at lexical 1.0 / saturation 8 (cause not found yet). Recall uses
-    # RECALL_SCORING (processors/retrieval.py).
+    # The reflector's evidence step scores its dense pool with these defaults
+    # (every point of the pool prefetched: a cut inside a tie at a half's
+    # boundary is what made its evidence depend on storage order); recall
+    # uses RECALL_SCORING (processors/retrieval.py).
     lexical: float = 0.5
     saturation: float = 4.0
     recency: float = 0.0
@@ -123,12 +123,19 @@ class VectorStore(Protocol):
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
+                      prefetch: int | None = None, ids: Sequence[str] | None = None,
                       **match: str) -> list[list[Hit]]:
         """Per (vector, text) query: the user's k best points by `scoring`
         (dense cosine fused with BM25 on the text, boosted by recency and
         importance), in one batch; points matching `exclude` are left out of
         the answer and of the BM25 statistics. A view built before BM25 terms were stored
-        answers by the dense half alone (see `lexical`)."""
+        answers by the dense half alone (see `lexical`).
+
+        Each half is cut at `prefetch` candidates (default max(PREFETCH, 2k))
+        before the formula; a point outside a half scores 0 there. `ids`
+        restricts the answer (not the BM25 statistics) to those points: with a
+        prefetch of at least their number, every one of them scores exactly,
+        whatever the storage layout (the reflector's evidence step)."""
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
@@ -207,12 +214,14 @@ class EdgeView:
                             "(one process owns a shard: is another worker running on this data dir?)") from exc
 
     def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
-                exclude: dict[str, str] | None = None):
+                exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None):
         q = self._q
         conditions = [q.FieldCondition(key=k, match=q.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
         if before is not None:
             conditions.append(q.FieldCondition(key=TIMED, range=q.RangeDateTime(lte=before)))
+        if ids is not None:
+            conditions.append(q.HasIdCondition(set(ids)))
         if exclude:
             return q.Filter(must=conditions, must_not=[q.FieldCondition(key=k, match=q.MatchValue(value=v))
                                                        for k, v in exclude.items()])
@@ -269,15 +278,16 @@ class EdgeView:
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
+                      prefetch: int | None = None, ids: Sequence[str] | None = None,
                       **match: str) -> list[list[Hit]]:
-        q, where = self._q, self._filter(user_id, match, before, exclude)
+        q, where = self._q, self._filter(user_id, match, before, exclude, ids)
         # IDF over the user's points of every kind (scores of an episode query
         # and a belief query compare, so the two can be ranked together), and
         # only those the query may see by time: IDF over points projected
         # after `before` would make a cycle's evidence depend on how far the
         # projector had read (the same log must give the same beliefs).
         idf = q.SearchParams(idf=q.IdfParams(corpus=self._filter(user_id, {}, before, exclude)))
-        limit = max(PREFETCH, 2 * k)
+        limit = prefetch or max(PREFETCH, 2 * k)
         requests = []
         for vector, text in zip(vectors, texts):
             halves = [q.Prefetch(limit=limit, query=q.Query.Nearest(_floats(vector), using=VECTOR), filter=where,
@@ -384,12 +394,14 @@ class QdrantView:
         return cls(client, view, dim)
 
     def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
-                exclude: dict[str, str] | None = None):
+                exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None):
         m = self._m
         conditions = [m.FieldCondition(key=k, match=m.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
         if before is not None:
             conditions.append(m.FieldCondition(key=TIMED, range=m.DatetimeRange(lte=before)))
+        if ids is not None:
+            conditions.append(m.HasIdCondition(has_id=list(ids)))
         not_ = [m.FieldCondition(key=k, match=m.MatchValue(value=v)) for k, v in (exclude or {}).items()]
         return m.Filter(must=conditions, must_not=not_ or None)
 
@@ -442,11 +454,12 @@ class QdrantView:
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
+                      prefetch: int | None = None, ids: Sequence[str] | None = None,
                       **match: str) -> list[list[Hit]]:
-        m, where = self._m, self._filter(user_id, match, before, exclude)
+        m, where = self._m, self._filter(user_id, match, before, exclude, ids)
         # IDF over the user's points of every kind it may see by time, as in EdgeView.
         idf = m.SearchParams(idf=m.IdfCorpusParams(corpus=self._filter(user_id, {}, before, exclude)))
-        limit = max(PREFETCH, 2 * k)
+        limit = prefetch or max(PREFETCH, 2 * k)
         requests = []
         for vector, text in zip(vectors, texts):
             halves = [m.Prefetch(query=_floats(vector), using=VECTOR, limit=limit, filter=where,

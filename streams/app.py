@@ -8,11 +8,13 @@ each event once and runs the roles in a fixed order; the routes
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import faust
 
+from processors import router
 from processors.embedders import make_embedder
 from processors.reasoners import make_reasoner
 from processors.view import open_view
@@ -85,6 +87,11 @@ def create_app(settings: Settings) -> Runtime:
         view.close()
 
     api.install(runtime)
+
+    @app.task
+    async def train_router() -> None:
+        """Recall's router, trained now rather than on the first auto read."""
+        await asyncio.to_thread(router.trained, embedder)
     return runtime
 
 

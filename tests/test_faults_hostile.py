@@ -27,9 +27,10 @@ import pytest
 
 from conftest import read_topic, run, wait_for
 from messages_api import MessagesServer, tool_answer
+from processors.accumulator import Accumulator, Trigger, admit
 from processors.anthropic_reasoner import numbered
 from schemas import parse_time
-from streams.producer import Publisher
+from streams.producer import Publisher, make_episode
 from streams.topics import ensure_topics
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -256,12 +257,24 @@ CANARIES = ["zorblax", "quimbly", "frandor", "plonkett", "wuzzle", "grimbold", "
 CLEAN = [f"auth deploy {i}: the user asked to see the logs first, then retry the job" for i in range(24)]
 
 
-async def _publish_spread(settings, user, ids, texts):
+def _spread(user, ids, texts) -> list:
+    return [make_episode(user, text, 0.8, episode_id=eid, occurred_at=f"2026-06-01T{9 + i // 60:02d}:{i % 60:02d}:00Z")
+            for i, (eid, text) in enumerate(zip(ids, texts))]
+
+
+async def _publish_all(settings, events) -> None:
     async with Publisher(settings) as p:
-        for i, (eid, text) in enumerate(zip(ids, texts)):
-            await p.publish_episode(user, text, 0.8, episode_id=eid, wait=False,
-                                    occurred_at=f"2026-06-01T{9 + i // 60:02d}:{i % 60:02d}:00Z")
+        for event in events:
+            await p.publish(event, wait=False)
         await p.flush()
+
+
+def cycles_asked(settings, events) -> int:
+    """How many cycles the accumulator asks for over `events` (its pure model)."""
+    acc, trigger = Accumulator(), Trigger.from_settings(settings)
+    for event in events:
+        acc, _ = admit(acc, event, trigger)
+    return acc.cycles
 
 
 def planted(text: str) -> str | None:
@@ -319,10 +332,13 @@ def test_an_injection_corpus_plants_no_instruction_in_any_persisted_belief(setti
         # Interleaved, so every cycle's window and evidence mix clean and hostile text.
         texts = [t for pair in itertools.zip_longest(CLEAN, attempts[::2], attempts[1::2]) for t in pair if t]
         ids = [f"ann-{i}" for i in range(len(texts))]
-        run(_publish_spread(s, "ann", ids, texts))
-        wait_for(lambda: w.stats("ann").get("episodes") == len(texts), 60, "ann's episodes in the view")
-        expected = w.stats("ann")["cycles"]
-        assert expected >= 4, w.stats("ann")
+        episodes = _spread("ann", ids, texts)
+        run(_publish_all(s, episodes))
+        expected = cycles_asked(s, episodes)
+        assert expected >= 4
+        # The view shows the episodes a moment before the accumulator's state is written: wait for both.
+        wait_for(lambda: (lambda st: (st.get("episodes"), st.get("cycles")) == (len(texts), expected))(
+            w.stats("ann")), 60, "ann's episodes in the view and every cycle asked")
 
         def settled():
             events = reflections(s)

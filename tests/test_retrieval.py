@@ -132,7 +132,7 @@ def test_instance_route_returns_raw_episodes_with_their_timestamps(world):
     retries(world)
     world.belief("ann", "r1", "the user retries flaky tests before debugging them", ["a1", "a2"])
     out = world.recall("ann", "When did the billing service deploy to staging fail?")
-    assert out["route"] == "instance" and out["reason"].startswith("instance cue")
+    assert out["route"] == "instance" and out["reason"].startswith("router: instance")
     assert {r["kind"] for r in out["results"]} == {"episode"}
     top = out["results"][0]
     assert (top["id"], top["occurred_at"]) == ("a3", "2026-06-03T08:15:00Z")

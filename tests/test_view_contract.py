@@ -284,3 +284,36 @@ def test_hybrid_scores_up_to_a_time_ignore_what_was_projected_after_it(make_view
     with_it = [(h.id, round(h.score, 5)) for h in view.search_hybrid(
         "alice", [unit(99)], ["zanzibar"], k=10, before="2026-06-01T00:00:00Z", exclude={"cycle_id": "c1"})[0]]
     assert with_it == first
+
+
+def test_a_whole_prefetch_scores_every_point_exactly_whatever_the_layout(make_view):
+    """The reflector's evidence step: with each half prefetched whole, a point
+    found by its terms alone still gets its cosine, so the fused score is a
+    function of the point, and the top k cut by (-score, id) is the same for
+    any order of upserts (the same log must give the same beliefs)."""
+    view = make_view()
+
+    def history(user: str, offset: int) -> list[ViewPoint]:
+        # Twenty points on one vector (a tie wider than any cut), ten carrying the query's terms.
+        tied = [ViewPoint(pid(offset + i), unit(7), {**worded(i, user).payload, "n": i,
+                                                     "text": "retry the deploy" if i % 3 else "lunch"})
+                for i in range(20)]
+        return tied + [ViewPoint(pid(offset + 20 + i), unit(20 + i), {**worded(20 + i, user).payload, "n": 20 + i,
+                                                                      "text": f"retry deploy logs {i}"})
+                       for i in range(10)]
+    for p in history("alice", 0):
+        view.upsert([p])
+    for p in reversed(history("bob", 100)):  # the same points, stored in the other order
+        view.upsert([p])
+    question = ["retry the deploy after logs"]
+    answers = [sorted((round(h.score, 5), h.payload["n"]) for h in hits) for user in ("alice", "bob")
+               for [hits] in [view.search_hybrid(user, [unit(7)], question, k=30, prefetch=30)]]
+    assert answers[0] == answers[1] and len(answers[0]) == 30
+    [cut] = view.search_hybrid("alice", [unit(7)], question, k=30, prefetch=2)
+    assert len(cut) < 30  # a narrow prefetch leaves points out: the whole one does not
+    # Restricted to some ids, those points score as in the whole query (IDF stays the user's).
+    some = [pid(i) for i in (0, 4, 21, 25)]
+    [pool] = view.search_hybrid("alice", [unit(7)], question, k=30, ids=some, prefetch=len(some))
+    whole = {h.id: round(h.score, 5) for h in view.search_hybrid("alice", [unit(7)], question, k=30,
+                                                                 prefetch=30)[0]}
+    assert {h.id: round(h.score, 5) for h in pool} == {i: whole[i] for i in some}

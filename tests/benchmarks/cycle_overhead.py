@@ -96,8 +96,12 @@ class WholeStore:
     def search_many(self, user_id, vectors, k, before=None, **match) -> list[list[Hit]]:
         return [self.search(user_id, v, k, before, **match) for v in vectors]
 
-    def search_hybrid(self, user_id, vectors, texts, k, before=None, scoring=None, **match) -> list[list[Hit]]:
-        return self.search_many(user_id, vectors, k, before, **match)  # the naive design has no BM25
+    def search_hybrid(self, user_id, vectors, texts, k, before=None, scoring=None, prefetch=None, ids=None,
+                      **match) -> list[list[Hit]]:
+        # The naive design has no BM25: cosine over the whole store, restricted to `ids` if given.
+        found = self.search_many(user_id, vectors, k if ids is None else len(ids) + k, before, **match)
+        keep = None if ids is None else set(ids)
+        return [[h for h in hits if keep is None or h.id in keep][:k] for hits in found]
 
     def __getattr__(self, name):  # everything but the evidence search as the view does it
         return getattr(self.view, name)
