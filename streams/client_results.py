@@ -155,7 +155,7 @@ class Memory:
 
 @dataclass(frozen=True)
 class Recall:
-    """The route a question took (episodes or beliefs), why, and what it found."""
+    """The route a question took (instance: episodes, pattern: beliefs, both when unsure), why, and what it found."""
     route: str
     reason: str
     results: list[Memory]
