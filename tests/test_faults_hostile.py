@@ -312,9 +312,9 @@ class CopyingModel:
                          {"question": 1, "text": f"Often together: {canary}, auth, deploy, logs",
                           "citations": [n, *clean[:2]]}]
         self.hostile += len(insights)
-        if len(clean) >= 2:
-            insights.append({"question": 1, "text": "The user wants to see the logs before any retry of a job",
-                             "citations": clean[:3]})
+        if len(clean) >= 2:  # first: a reasoner keeps 5 insights a question, and hostile ones may fill them
+            insights.insert(0, {"question": 1, "text": "The user wants to see the logs before any retry of a job",
+                                "citations": clean[:3]})
         self.proposed += len(insights)
         return tool_answer(tool, {"insights": insights})
 

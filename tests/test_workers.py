@@ -34,7 +34,8 @@ PER_USER, QUERY = 40, "why did the auth revert break login"
 
 def history(users) -> list:
     stream, n = episode_stream(users, PER_USER), len(users)
-    retracted = [EpisodeRetracted(user_id=u, episode_id=f"{u}-6", occurred_at="2026-06-01T09:30:30Z") for u in users]
+    # Stamped between episodes 29 (09:29) and 30: events in valid-time order (streams/README.md).
+    retracted = [EpisodeRetracted(user_id=u, episode_id=f"{u}-6", occurred_at="2026-06-01T09:29:30Z") for u in users]
     return stream[:30 * n] + retracted + stream[30 * n:]
 
 
@@ -89,8 +90,17 @@ def test_three_workers_answer_every_read_as_one_worker_and_go_on_after_one_dies(
         reference = {u: answer(alone, u) for u in users}
         assert all(r[1] for r in reference.values()), "every user has beliefs"
 
-        wait_for(lambda: all(answer(w, u) == reference[u] for w in trio for u in users), 240,
-                 "every read of every user through every worker equals the single worker's")
+        def differing() -> list:
+            return [(w.settings.web_port, u, part, got[part], reference[u][part]) for w in trio for u in users
+                    for got in [answer(w, u)] for part in range(len(got)) if got[part] != reference[u][part]]
+        try:
+            wait_for(lambda: not differing(), 240,
+                     "every read of every user through every worker equals the single worker's")
+        except AssertionError:
+            diff = [(port, u, part, sorted(set(got) - set(ref)) if part == 1 else got,
+                     sorted(set(ref) - set(got)) if part == 1 else ref) for port, u, part, got, ref in differing()]
+            raise AssertionError(f"reads differ from the single worker's (worker, user, part, got, want): "
+                                 f"{diff[:3]}") from None
         print(f"{len(users)} users x {len(trio)} workers: every read equals the single worker's")
 
         kill(trio[0])  # SIGKILL: no leave-group, the broker notices by the session timeout
