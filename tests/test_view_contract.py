@@ -368,3 +368,13 @@ def test_open_view_checks_the_settings_embedder(tmp_path):
     first.close()
     with pytest.raises(EmbedderMismatch, match=r"hashing \(384-d\).*minilm \(384-d\)"):
         open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="minilm"), 384)
+
+
+def test_a_worker_over_a_view_of_another_embedder_stops_with_one_line(tmp_path):
+    from processors.view import open_view
+    from streams.app import create_app
+    from streams.settings import Settings, SettingsError
+
+    open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="hashing"), 384).close()
+    with pytest.raises(SettingsError, match=r"invalid setting embedder \(the view 'reflect' .* hashing .* minilm"):
+        create_app(Settings.load(env={}, data_dir=str(tmp_path), embedder="minilm"))
