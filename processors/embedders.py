@@ -69,6 +69,15 @@ class Precomputed:
         return np.stack([self.vectors[t] for t in texts]) if texts else self.embedder.embed(texts)
 
 
+EMBEDDERS = ("hashing", "minilm", "e5-small")
+
+# The hybrid score (cosine + BM25 share, boosted: processors/retrieval.py) a
+# belief needs to answer a pattern question, per embedder (REFLECT_RECALL_MIN_SCORE
+# overrides). Cosines are not comparable across models: e5's unrelated texts
+# sit near 0.7 where MiniLM's sit near 0.1 (processors/README.md, "Embedders").
+RECALL_MIN_SCORE = {"hashing": 0.3, "minilm": 0.3, "e5-small": 0.96}
+
+
 def make_embedder(name: str) -> Embedder:
     if name == "hashing":
         return HashingEmbedder()
@@ -76,4 +85,8 @@ def make_embedder(name: str) -> Embedder:
         from processors.minilm import MiniLMEmbedder  # lazy: the optional `minilm` extra
 
         return MiniLMEmbedder()
+    if name == "e5-small":
+        from processors.e5 import E5SmallEmbedder  # lazy: the optional `e5` extra
+
+        return E5SmallEmbedder()
     raise ValueError(f"unknown embedder {name!r}")

@@ -40,13 +40,18 @@ class CycleConfig:
     def from_settings(cls, settings) -> "CycleConfig":
         grounding = settings.grounding_min_cosine
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth,
-                   grounding_cosine=GROUNDING_COSINE.get(settings.embedder) if grounding is None else grounding)
+                   grounding_cosine=GROUNDING_COSINE.get(settings.embedder) if grounding is None else grounding,
+                   duplicate_cosine=DUPLICATE_COSINE.get(settings.embedder, cls.duplicate_cosine))
 
 
 # Cosine a cited item needs to support a belief, per embedder (REFLECT_GROUNDING_MIN_COSINE
 # overrides). MiniLM: paraphrases 0.55–0.9, unrelated texts below 0.2 (measured). Feature
 # hashing only sees shared words: its check is word overlap, not meaning.
-GROUNDING_COSINE = {"minilm": 0.35, "hashing": 0.05}
+# e5-small's cosines sit in a narrow band (unrelated ≈ 0.7): its values are MiniLM's
+# carried over by rank (tests/benchmarks/embedder_thresholds.py), as is the
+# duplicate cosine (a new belief this close to a live one reinforces it).
+GROUNDING_COSINE = {"minilm": 0.35, "hashing": 0.05, "e5-small": 0.85}
+DUPLICATE_COSINE = {"minilm": 0.92, "hashing": 0.92, "e5-small": 0.98}
 
 
 TIE_MARGIN = 2  # over-fetch: the engine orders equal scores by storage, which batches change

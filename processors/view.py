@@ -16,7 +16,10 @@ fuses both and applies recency × importance in one engine query (a score
 formula over two prefetches), so the view returns the final top k. Every query is filtered to one user; per-user searches
 are exact, since filtered HNSW lost recall on this data (0.68 vs 1.0).
 A view has a stable name; the physical shard/collection behind it is versioned
-so a rebuild can fill a new one and swap it in.
+so a rebuild can fill a new one and swap it in. Each physical view records the
+embedder that built it (name and dim: `reflect-embedder.json` in the Edge shard
+directory, the collection's metadata on a server); opened for another embedder
+it refuses (`EmbedderMismatch`), since vectors of two models do not compare.
 """
 
 from __future__ import annotations
@@ -94,6 +97,26 @@ PREFETCH = 100  # candidates per half (dense, BM25) before the formula: at least
 
 class ViewError(RuntimeError):
     pass
+
+
+class EmbedderMismatch(ViewError):
+    """The view was built with another embedder than the one it is opened for."""
+
+
+EMBEDDER_FILE = "reflect-embedder.json"  # in an Edge shard directory
+EMBEDDER_KEY = "reflect_embedder"  # in a server collection's metadata: {"name", "dim"}
+
+
+def _check_embedder(recorded: dict | None, embedder: str, dim: int, view: str, where: str) -> None:
+    if not recorded or (recorded.get("name"), recorded.get("dim")) == (embedder, dim):
+        return
+    built = f"{recorded.get('name')} ({recorded.get('dim')}-d)"
+    raise EmbedderMismatch(
+        f"the view {view!r} ({where}) was built with the {built} embedder and cannot be read with "
+        f"{embedder} ({dim}-d): vectors of two embedders do not compare. Run with --embedder "
+        f"{recorded.get('name')} (REFLECT_EMBEDDER) to use it; to switch to {embedder}, start a worker with "
+        f"--embedder {embedder} on a new --view name and run `reflect rebuild` (it replays the log into that "
+        f"view with {embedder}).")
 
 
 class ViewUnavailable(ViewError):
@@ -179,14 +202,20 @@ def _next_name(view: str, name: str) -> str:
 
 
 class EdgeView:
-    def __init__(self, root: str | Path, view: str, dim: int, name: str | None = None) -> None:
-        """The active shard of `view`, or (`name`) a named one, e.g. a successor."""
+    def __init__(self, root: str | Path, view: str, dim: int, name: str | None = None,
+                 embedder: str | None = None) -> None:
+        """The active shard of `view`, or (`name`) a named one, e.g. a successor.
+        With `embedder`, the shard must have been built with it (a shard with no
+        record, from before records were kept, adopts it); without, nothing is checked."""
         import qdrant_edge as q
 
         self._q = q
-        self.dim, self.root, self.view = dim, Path(root), view
+        self.dim, self.root, self.view, self.embedder = dim, Path(root), view, embedder
         self.name = name or _active_name(self.root, view)
         path = self.path = self.root / self.name
+        record = path / EMBEDDER_FILE
+        if embedder is not None and record.exists() and (path / "wal").exists():
+            _check_embedder(json.loads(record.read_text()), embedder, dim, view, str(path))
         dense = {VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)}
         config = q.EdgeConfig(vectors=dense, sparse_vectors={LEXICAL: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
         self.lexical = True
@@ -212,6 +241,10 @@ class EdgeView:
         except Exception as exc:
             raise ViewError(f"cannot open the Qdrant Edge view at {path}: {exc} "
                             "(one process owns a shard: is another worker running on this data dir?)") from exc
+        if embedder is not None and not record.exists():
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"name": embedder, "dim": dim}))
+            os.replace(tmp, record)
 
     def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
                 exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None):
@@ -341,7 +374,7 @@ class EdgeView:
     def successor(self) -> "EdgeView":
         name = _next_name(self.view, self.name)
         shutil.rmtree(self.root / name, ignore_errors=True)  # what a failed rebuild left
-        return EdgeView(self.root, self.view, self.dim, name=name)
+        return EdgeView(self.root, self.view, self.dim, name=name, embedder=self.embedder)
 
     def promote(self) -> None:
         self.flush()
@@ -355,23 +388,32 @@ class EdgeView:
 class QdrantView:
     """Qdrant server (or qdrant-client's local mode, for tests) behind an alias."""
 
-    def __init__(self, client, view: str, dim: int, name: str | None = None) -> None:
+    def __init__(self, client, view: str, dim: int, name: str | None = None, embedder: str | None = None) -> None:
         """The collection behind the alias `view`, or (`name`) a named one, e.g. a
-        successor, addressed by its own name until promoted."""
+        successor, addressed by its own name until promoted. `embedder` as in EdgeView."""
         from qdrant_client import models
 
         self._m = models
         self.client = client
         self.dim = dim
         self.view = view
+        self.embedder = embedder
         aliases = {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
         self.name = name or aliases.get(view, f"{view}-0001")
         self.target = self.name if name else view
         self.lexical = True
+        record = {EMBEDDER_KEY: {"name": embedder, "dim": dim}} if embedder is not None else None
+        if client.collection_exists(self.name):
+            if embedder is not None:
+                held = (client.get_collection(self.name).config.metadata or {}).get(EMBEDDER_KEY)
+                _check_embedder(held, embedder, dim, view, f"collection {self.name}")
+                if not held:  # built before records were kept: it adopts this embedder
+                    client.update_collection(self.name, metadata=record)
         if not client.collection_exists(self.name):
             client.create_collection(self.name, vectors_config={
                 VECTOR: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
-                sparse_vectors_config={LEXICAL: models.SparseVectorParams(modifier=models.Modifier.IDF)})
+                sparse_vectors_config={LEXICAL: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+                metadata=record)
             client.create_payload_index(self.name, "user_id",
                                         models.KeywordIndexParams(type="keyword", is_tenant=True))
             for key in INDEXED[1:]:
@@ -387,11 +429,15 @@ class QdrantView:
 
     @classmethod
     def connect(cls, url: str | None, view: str, dim: int, path: str | None = None,
-                api_key: str | None = None) -> "QdrantView":
+                api_key: str | None = None, embedder: str | None = None) -> "QdrantView":
         from qdrant_client import QdrantClient
 
         client = QdrantClient(url=url, api_key=api_key) if url else QdrantClient(path=path)
-        return cls(client, view, dim)
+        try:
+            return cls(client, view, dim, embedder=embedder)
+        except Exception:
+            client.close()  # refused (another embedder): let go of the connection or the local folder
+            raise
 
     def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
                 exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None):
@@ -510,7 +556,7 @@ class QdrantView:
         name = _next_name(self.view, self.name)
         if self.client.collection_exists(name):  # what a failed rebuild left
             self.client.delete_collection(name)
-        return QdrantView(self.client, self.view, self.dim, name=name)
+        return QdrantView(self.client, self.view, self.dim, name=name, embedder=self.embedder)
 
     def promote(self) -> None:
         m = self._m
@@ -598,11 +644,14 @@ class SharedView:
 
 
 def open_view(settings, dim: int) -> VectorStore:
-    """The view the settings name: a Qdrant server if qdrant_url is set, else Edge."""
+    """The view the settings name: a Qdrant server if qdrant_url is set, else Edge.
+    It must have been built with the settings' embedder (`EmbedderMismatch` else)."""
+    embedder = getattr(settings, "embedder", None)
     if settings.qdrant_url:
         # REFLECT_QDRANT_API_KEY, else QDRANT_API_KEY (read before the setting existed).
         key = settings.qdrant_api_key or os.environ.get("QDRANT_API_KEY")
-        view = QdrantView.connect(settings.qdrant_url, settings.view, dim, api_key=str(key) if key else None)
+        view = QdrantView.connect(settings.qdrant_url, settings.view, dim, api_key=str(key) if key else None,
+                                  embedder=embedder)
     else:
-        view = EdgeView(settings.view_dir, settings.view, dim)
+        view = EdgeView(settings.view_dir, settings.view, dim, embedder=embedder)
     return SharedView(view)

@@ -17,7 +17,7 @@ import faust
 from processors import router
 from processors.embedders import make_embedder
 from processors.reasoners import make_reasoner
-from processors.view import open_view
+from processors.view import EmbedderMismatch, open_view
 from streams import api, metrics, pipeline
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
@@ -75,7 +75,10 @@ def create_app(settings: Settings) -> Runtime:
     except ValueError as exc:
         raise SettingsError(f"invalid setting reasoner ({exc})") from None
     embedder = make_embedder(settings.embedder)
-    view = open_view(settings, embedder.dim)
+    try:
+        view = open_view(settings, embedder.dim)
+    except EmbedderMismatch as exc:  # a setting that does not fit the view: said in one line, no traceback
+        raise SettingsError(f"invalid setting embedder ({exc})") from None
     runtime = Runtime.build(settings, app, view, embedder, reasoner)
     pipeline.install(runtime)
     runtime.ownership.install(app)

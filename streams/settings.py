@@ -142,6 +142,16 @@ def _flag(raw: str) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
+def _optional_score(raw: str) -> float | None:
+    """A hybrid recall score: (cosine + BM25 share ≤ 1) × boost ≤ 1.2, so 0..2.4."""
+    if raw == "":
+        return None
+    value = float(raw)
+    if not 0.0 <= value <= 2.4:
+        raise ValueError("a hybrid score is within 0..2.4")
+    return value
+
+
 def _optional_cosine(raw: str) -> float | None:
     if raw == "":
         return None
@@ -242,8 +252,10 @@ SPECS: tuple[Spec, ...] = (
          "API key of the Qdrant server (empty: QDRANT_API_KEY, else none)."),
     Spec("view", "REFLECT_VIEW", "reflect", _topic,
          "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
-    Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm"),
-         "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 int8 ONNX (the minilm extra)."),
+    Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm", "e5-small"),
+         "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 int8 ONNX (the minilm extra); "
+         "e5-small: multilingual-e5-small 4-bit (the e5 extra). A view refuses another embedder than "
+         "the one that built it: `reflect rebuild` switches."),
     Spec("projector_batch", "REFLECT_PROJECTOR_BATCH", "256", _positive_int,
          "Most episodes the projector embeds and upserts in one batch."),
     Spec("projector_within", "REFLECT_PROJECTOR_WITHIN", "0.05", _positive_float,
@@ -312,12 +324,12 @@ SPECS: tuple[Spec, ...] = (
     Spec("cycle_wait", "REFLECT_CYCLE_WAIT", "120.0", _positive_float,
          "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
          "its request and no further (past it, the retraction goes on and the beliefs may depend on timing)."),
-    Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "0.3", _unit,
+    Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "", _optional_score,
          "Hybrid score (cosine + BM25 share, boosted) a belief needs to be served with a pattern "
-         "question's episodes; embedder-dependent."),
+         "question's episodes (empty: the embedder's own, minilm and hashing 0.3, e5-small 0.96)."),
     Spec("grounding_min_cosine", "REFLECT_GROUNDING_MIN_COSINE", "", _optional_cosine,
          "Cosine a cited item needs to support a new belief; fewer than citation_floor such items and the "
-         "insight is dropped (empty: the embedder's own, minilm 0.35, hashing 0.05)."),
+         "insight is dropped (empty: the embedder's own, minilm 0.35, e5-small 0.85, hashing 0.05)."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -448,6 +460,10 @@ class Settings:
         problem = _broker_security_problem(values) or _rotation_problem(values)
         if problem:
             raise SettingsError(problem)
+        if values["recall_min_score"] is None:  # the embedder's own: cosines differ in band per model
+            from processors.embedders import RECALL_MIN_SCORE
+
+            values["recall_min_score"] = RECALL_MIN_SCORE[values["embedder"]]
         return cls(**values)
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

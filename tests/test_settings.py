@@ -180,3 +180,16 @@ def test_json_log_lines_carry_context_and_no_quoted_values():
     assert line["time"].endswith("Z")
     error = ContractError("text", "must be shorter than or equal to 16000 characters (got 'my private diary...)")
     assert redacted(error) == "text: must be shorter than or equal to 16000 characters"
+
+
+def test_the_embedder_choice_and_its_own_recall_floor():
+    from processors.embedders import RECALL_MIN_SCORE
+
+    for name in ("hashing", "minilm", "e5-small"):
+        s = Settings.load(env={"REFLECT_EMBEDDER": name})
+        assert s.embedder == name and s.recall_min_score == RECALL_MIN_SCORE[name]
+    assert RECALL_MIN_SCORE["e5-small"] != RECALL_MIN_SCORE["minilm"]  # e5's cosines sit higher
+    s = Settings.load(env={"REFLECT_EMBEDDER": "e5-small", "REFLECT_RECALL_MIN_SCORE": "0.5"})
+    assert s.recall_min_score == 0.5 and Settings.load(env=s.child_env()).recall_min_score == 0.5
+    with pytest.raises(SettingsError, match="REFLECT_EMBEDDER"):
+        Settings.load(env={"REFLECT_EMBEDDER": "bge"})

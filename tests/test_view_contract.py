@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from processors.view import EdgeView, QdrantView, ViewError, ViewPoint
+from processors.view import EdgeView, EmbedderMismatch, QdrantView, ViewError, ViewPoint
 
 DIM = 8
 
@@ -317,3 +317,64 @@ def test_a_whole_prefetch_scores_every_point_exactly_whatever_the_layout(make_vi
     whole = {h.id: round(h.score, 5) for h in view.search_hybrid("alice", [unit(7)], question, k=30,
                                                                  prefetch=30)[0]}
     assert {h.id: round(h.score, 5) for h in pool} == {i: whole[i] for i in some}
+# --- the embedder a view was built with (issue 21.2) -------------------------
+
+def open_as(kind: str, tmp_path, embedder: str | None, dim: int = DIM, view: str = "reflect"):
+    if kind == "edge":
+        return EdgeView(tmp_path / "edge", view, dim, embedder=embedder)
+    return QdrantView.connect(None, view, dim, path=str(tmp_path / "qdrant"), embedder=embedder)
+
+
+@pytest.mark.parametrize("kind", ["edge", "qdrant-local"])
+def test_a_view_refuses_another_embedder_naming_both_and_the_rebuild(kind, tmp_path):
+    view = open_as(kind, tmp_path, "minilm")
+    view.upsert([point(1)])
+    view.close()
+    with pytest.raises(EmbedderMismatch) as refused:
+        open_as(kind, tmp_path, "e5-small")
+    message = str(refused.value)
+    assert "minilm (8-d)" in message and "e5-small (8-d)" in message and "`reflect rebuild`" in message
+    with pytest.raises(EmbedderMismatch, match=r"minilm \(8-d\).*minilm \(16-d\)"):
+        open_as(kind, tmp_path, "minilm", dim=16)  # same name, other dim: another model too
+    again = open_as(kind, tmp_path, "minilm")  # the embedder that built it: served as before
+    assert again.count("alice") == 1
+    new = again.successor()  # a rebuild's view records the same embedder
+    new.upsert([point(2)])
+    new.promote()
+    again.drop()
+    new.close()
+    with pytest.raises(EmbedderMismatch, match="built with the minilm"):
+        open_as(kind, tmp_path, "hashing")
+
+
+@pytest.mark.parametrize("kind", ["edge", "qdrant-local"])
+def test_a_view_without_a_record_adopts_the_embedder_that_opens_it(kind, tmp_path):
+    view = open_as(kind, tmp_path, None)  # as built before views recorded their embedder
+    view.upsert([point(1)])
+    view.close()
+    adopted = open_as(kind, tmp_path, "e5-small")
+    assert adopted.count("alice") == 1
+    adopted.close()
+    with pytest.raises(EmbedderMismatch, match="built with the e5-small"):
+        open_as(kind, tmp_path, "minilm")
+    open_as(kind, tmp_path, None).close()  # no embedder named: nothing checked
+
+
+def test_open_view_checks_the_settings_embedder(tmp_path):
+    from processors.view import open_view
+    from streams.settings import Settings
+
+    first = open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="hashing"), 384)
+    first.close()
+    with pytest.raises(EmbedderMismatch, match=r"hashing \(384-d\).*minilm \(384-d\)"):
+        open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="minilm"), 384)
+
+
+def test_a_worker_over_a_view_of_another_embedder_stops_with_one_line(tmp_path):
+    from processors.view import open_view
+    from streams.app import create_app
+    from streams.settings import Settings, SettingsError
+
+    open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="hashing"), 384).close()
+    with pytest.raises(SettingsError, match=r"invalid setting embedder \(the view 'reflect' .* hashing .* minilm"):
+        create_app(Settings.load(env={}, data_dir=str(tmp_path), embedder="minilm"))

@@ -1,7 +1,7 @@
 """Retrieval quality: evidence recall of hybrid (dense + BM25 in the engine)
 against plain cosine and BM25 alone, on the demo history, in the same run.
 
-    python tests/benchmarks/retrieval_quality.py [--embedder minilm|hashing] [--json]
+    python tests/benchmarks/retrieval_quality.py [--embedder minilm|e5-small|hashing] [--query-prefix] [--json]
 
 The store is `reflect demo`'s bundled history (2,100 episodes of one user,
 four planted patterns; streams/sample.py), projected into a real Qdrant Edge
@@ -15,6 +15,10 @@ sparse half alone, engine IDF), `hybrid` (recall(), mode=instance: the
 engine's fused formula with recency × importance), and `auto` (recall()
 routed by the question, with the planted patterns' beliefs in the view; a
 belief's cited evidence counts as retrieved). Latency p50/p95 per method.
+`--query-prefix` embeds the questions with the embedder's `embed_query` (e5's
+"query: " prefix; the episodes keep "passage: ") where recall() embeds them
+with `embed` today: what wiring it into the read path would gain. Beliefs are
+served from the embedder's own recall floor (processors/embedders.py).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
-from processors.embedders import make_embedder  # noqa: E402
+from processors.embedders import EMBEDDERS, RECALL_MIN_SCORE, make_embedder  # noqa: E402
 from processors.lexical import query_terms  # noqa: E402
 from processors.projector import EpisodeProjector, ReflectionProjector  # noqa: E402
 from processors.retrieval import recall  # noqa: E402
@@ -139,8 +143,17 @@ def ids(results: list[dict]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def measure(embedder_name: str = "minilm", k: int = 10) -> dict:
+class Questions:
+    """The embedder as the read path would use it for questions: its `embed_query`."""
+
+    def __init__(self, embedder) -> None:
+        self.name, self.dim, self.embed = embedder.name, embedder.dim, embedder.embed_query
+
+
+def measure(embedder_name: str = "minilm", k: int = 10, query_prefix: bool = False) -> dict:
     hist, embedder = history(), make_embedder(embedder_name)
+    asker = Questions(embedder) if query_prefix else embedder
+    floor = RECALL_MIN_SCORE[embedder_name]
     qs = questions(hist)
     answers: dict[str, list[list[str]]] = {m: [] for m in ("cosine", "bm25", "hybrid", "auto")}
     latency: dict[str, list[float]] = {m: [] for m in answers}
@@ -152,10 +165,11 @@ def measure(embedder_name: str = "minilm", k: int = 10) -> dict:
         user = hist.user_id
         methods = {
             "cosine": lambda q: [h.payload["episode_id"] for h in view.search(
-                user, embedder.embed([q])[0], k, kind="episode", status="recorded")],
+                user, asker.embed([q])[0], k, kind="episode", status="recorded")],
             "bm25": lambda q: [h.payload["episode_id"] for h in bm25_alone(view, user, q, k)],
-            "hybrid": lambda q: ids(recall(view, embedder, user, q, mode="instance", k=k, now=NOW)["results"]),
-            "auto": lambda q: ids(_routed(view, embedder, user, q, k, routes)),
+            "hybrid": lambda q: ids(recall(view, asker, user, q, mode="instance", k=k, now=NOW,
+                                           min_belief_score=floor)["results"]),
+            "auto": lambda q: ids(_routed(view, asker, user, q, k, routes, floor)),
         }
         for q in qs:
             for name, run in methods.items():  # same order every question: noise hits all alike
@@ -177,24 +191,31 @@ def measure(embedder_name: str = "minilm", k: int = 10) -> dict:
     figures.append(figure("pattern questions answered by a belief", 100 * sum(patterned) / len(patterned), "%"))
     gain = 100 * (table["hybrid"]["instance"]["r@10"] - table["cosine"]["instance"]["r@10"])
     auto_cost = 100 * (table["hybrid"]["instance"]["r@10"] - table["auto"]["instance"]["r@10"])
-    return {"embedder": embedder_name, "questions": {t: sum(q["type"] == t for q in qs) for t in ("instance", "pattern")},
+    return {"embedder": embedder_name + (" (query prefix)" if query_prefix else ""), "questions": {t: sum(q["type"] == t for q in qs) for t in ("instance", "pattern")},
             "build_s": round(built, 1), "recall": table, "figures": figures,
             "targets": [target("hybrid − cosine instance recall@10 (points)", gain, ">=", 10.0),
                         target("instance − auto instance recall@10 (points)", auto_cost, "<=", 1.0)]}
 
 
-def _routed(view, embedder, user, q, k, routes) -> list[dict]:
-    out = recall(view, embedder, user, q, mode="auto", k=k, now=NOW)
+def _routed(view, embedder, user, q, k, routes, floor: float) -> list[dict]:
+    out = recall(view, embedder, user, q, mode="auto", k=k, now=NOW, min_belief_score=floor)
     routes.append(any(r["kind"] == "reflection" for r in out["results"][:3]))
     return out["results"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--embedder", default="minilm", choices=("minilm", "hashing"))
+    parser.add_argument("--embedder", default="minilm", choices=EMBEDDERS)
+    parser.add_argument("--query-prefix", action="store_true",
+                        help="embed the questions with embed_query (e5's 'query: ' prefix)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args()
-    result = measure(args.embedder)
-    print_scenario(f"retrieval ({args.embedder}, {result['questions']})", result)
+    result = measure(args.embedder, query_prefix=args.query_prefix)
+    if args.json:
+        import json
+        print(json.dumps(result))
+        return
+    print_scenario(f"retrieval ({result['embedder']}, {result['questions']})", result)
 
 
 if __name__ == "__main__":
