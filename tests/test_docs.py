@@ -13,7 +13,8 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A backticked name that is a file of this repository: a path with a known suffix, or a folder ending in /.
 NAMED = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|md|json|yaml|yml|toml|txt|tsv|sh)|(?:[\w.-]+/)+)`")
 # Named in the docs on purpose though not in the repository: made at run time, or someone else's.
-NOT_OURS = {"deploy/reflect-metrics-token", ".reflect/", "schemathesis-report/", "bench.json"}
+NOT_OURS = {"deploy/reflect-metrics-token", ".reflect/", "schemathesis-report/", "bench.json",
+            "reflect-embedder.json"}  # the last: written into an Edge shard directory (processors/view.py)
 
 
 SKIPPED = {".git", ".venv", "venv", "build", "dist", "node_modules", "__pycache__", ".pytest_cache", ".hypothesis"}
