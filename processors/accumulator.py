@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
 
 WINDOW = 100
 
@@ -45,18 +45,24 @@ class Accumulator:
     recent: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     asked: int = 0  # requests forwarded so far, of every kind: the last one's sequence
     forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
+    challenge_day: str | None = None  # valid-time day (UTC) of the user's last challenge (processors/gate.py)
+    challenged: int = 0  # challenges asked on that day
+    challenging: tuple[dict[str, Any], ...] = field(default_factory=tuple)  # open challenges (processors/challenge.gather)
+    asked_at: str | None = None  # the latest valid time of a request asked so far
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy
         # of 100 of them per user per batch was 29% of the worker's CPU).
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent),
-                                                                         "forwarded": list(self.forwarded)}
+                                                                         "forwarded": list(self.forwarded),
+                                                                         "challenging": list(self.challenging)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
         if not data:
             return cls()
-        return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ()))})
+        return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ())),
+                      "challenging": tuple(data.get("challenging", ()))})
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)
@@ -113,7 +119,9 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 
 def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
     """The request with the user's next sequence number."""
-    acc = replace(acc, asked=acc.asked + 1)
+    latest = request.occurred_at if acc.asked_at is None or parse_time(request.occurred_at) > parse_time(acc.asked_at) \
+        else acc.asked_at
+    acc = replace(acc, asked=acc.asked + 1, asked_at=latest)
     return acc, replace(request, sequence=acc.asked)
 
 

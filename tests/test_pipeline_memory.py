@@ -25,7 +25,8 @@ from processors.embedders import HashingEmbedder
 from processors.projector import point_id
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
-from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionCycleCompleted, decode
+from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionChallenged, ReflectionCreated,
+                     ReflectionCycleCompleted, decode)
 from streams.pipeline.policy import PROBE_USER, Backoff
 from streams.runtime import Runtime
 from streams.settings import Settings
@@ -102,7 +103,8 @@ class Witness:
                 if getattr(decode(v), "cycle_id", None) == cycles[0]]
         beliefs = [point_id("reflection", user, e.reflection_id) for e in made if isinstance(e, ReflectionCreated)]
         held = self.view.get(beliefs)
-        if not dead and not any(isinstance(e, ReflectionCycleCompleted) for e in made):
+        # A challenge cycle's audit record is its ReflectionChallenged.
+        if not dead and not any(isinstance(e, (ReflectionCycleCompleted, ReflectionChallenged)) for e in made):
             return f"cycle {cycles[0]} was completed on the log"
         return [f"belief {pid} of cycle {cycles[0]} was in the view" for pid in beliefs if pid not in held]
 

@@ -21,10 +21,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from processors.accumulator import Accumulator
+from processors.challenger import refused_challenge, run_challenge
 from processors.guard import Spend, day_of, tokens_of
 from processors.projector import ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
-from schemas import Event, ReflectionRequested
+from schemas import ChallengeRequested, Event, ReflectionRequested
 from streams import metrics
 from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import Runner
@@ -76,7 +77,10 @@ class RequestsPipeline(Runner):
         reason = runtime.budget.refusal(*(s.today(today()) for s in self.spent(request, partition))) or \
             runtime.breaker.refusal(asyncio.get_running_loop().time())
         if reason:
-            return [refused(request, runtime.reasoner, reason)]
+            refusal = refused_challenge if isinstance(request, ChallengeRequested) else refused
+            return [refusal(request, runtime.reasoner, reason)]
+        if isinstance(request, ChallengeRequested):  # a challenge cycle counts against the same budgets
+            return await asyncio.to_thread(self.challenge, request)
         recent = Accumulator.from_dict(runtime.tables.accumulators.get(request.user_id)).recent
         return await asyncio.to_thread(self.steps, request, recent)
 
@@ -108,6 +112,13 @@ class RequestsPipeline(Runner):
         made = metrics.traced_cycle(run_cycle)(request, window, runtime.view, runtime.embedder,
                                                runtime.reasoner, self.config)
         self.project(made)  # the beliefs in the view before the log goes on
+        return made
+
+    def challenge(self, request: ChallengeRequested) -> list[Event]:
+        """A challenge cycle, then its events into the view (blocking: off the loop)."""
+        runtime = self.runtime
+        made = run_challenge(request, runtime.view, runtime.embedder, runtime.reasoner, self.config)
+        self.project(made)
         return made
 
     async def mark_done(self, request: ReflectionRequested, partition: int) -> None:

@@ -1,0 +1,64 @@
+"""The contradiction gate's I/O shell: how a run of a user's episodes bears
+on the user's live beliefs — one scroll of the live beliefs and one read of
+the vectors of the beliefs and the evidence they cite, then exact cosines
+(processors/challenge.bearings) — and the challenge requests the user's open
+challenges become, within the user's daily challenge budget."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import timezone
+from typing import Sequence
+
+from processors.accumulator import Accumulator, number
+from processors.challenge import Challenge, bearings, closed
+from processors.projector import point_id
+from processors.view import VectorStore
+from schemas import ChallengeRequested, EpisodeRecorded, parse_time
+
+CHALLENGES = uuid.UUID("4b0f7f36-1a8e-4c53-9d1e-5f0c2a7e6b19")  # namespace of challenge cycle ids
+
+
+def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors) -> list[dict[str, float]]:
+    """Per episode, belief id → score (see challenge.bearings)."""
+    beliefs = [p for _, p in view.scroll(user, kind="reflection", status="live")
+               if p.get("user_id") == user and p.get("reflection_id")]
+    if not beliefs or not episodes:
+        return [{} for _ in episodes]
+    own = {point_id("reflection", user, p["reflection_id"]): p["reflection_id"] for p in beliefs}
+    # An evidence id names an episode or (depth 2) a belief: ask for both points, one exists.
+    cited = {point_id(kind, user, e): e for p in beliefs for e in p.get("evidence_ids", ())
+             for kind in ("episode", "reflection")}
+    found = view.vectors([*own, *cited])
+    return bearings([{"id": e.episode_id, "occurred_at": e.occurred_at} for e in episodes], vectors, beliefs,
+                    {rid: found[pid] for pid, rid in own.items() if pid in found},
+                    {eid: found[pid] for pid, eid in cited.items() if pid in found})
+
+
+def day_of(at: str) -> str:
+    return parse_time(at).astimezone(timezone.utc).date().isoformat()
+
+
+def asked(acc: Accumulator, user: str, daily: int) -> tuple[Accumulator, list[ChallengeRequested]]:
+    """The user's open challenges as requests, numbered in the user's
+    sequence, while the user's challenges of that day (valid time, UTC: a
+    replay counts the same) stay within `daily`; the rest are dropped."""
+    out = []
+    for c in closed(acc.challenging):
+        day = day_of(c.occurred_at)
+        spent = acc.challenged if acc.challenge_day == day else 0
+        if spent >= daily:
+            continue
+        acc = replace(acc, challenge_day=day, challenged=spent + 1)
+        acc, request = number(acc, request_of(user, c))
+        out.append(request)
+    return replace(acc, challenging=()), out
+
+
+def request_of(user: str, c: Challenge) -> ChallengeRequested:
+    # Deterministic: the same log asks the same challenge, a redelivery publishes the same ids.
+    cycle = f"{user}:challenge:{uuid.uuid5(CHALLENGES, '|'.join((c.reflection_id, *c.challenger_ids)))}"
+    return ChallengeRequested(event_id=f"request:{cycle}", user_id=user, cycle_id=cycle,
+                              reflection_id=c.reflection_id, challenger_ids=c.challenger_ids,
+                              similarity=max(-1.0, min(1.0, c.similarity)), occurred_at=c.occurred_at)
