@@ -47,6 +47,7 @@ class Accumulator:
     forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
     challenge_day: str | None = None  # valid-time day (UTC) of the user's last challenge (processors/gate.py)
     challenged: int = 0  # challenges asked on that day
+    challenged_ids: tuple[str, ...] = field(default_factory=tuple)  # the beliefs they challenged
     challenging: tuple[dict[str, Any], ...] = field(default_factory=tuple)  # open challenges (processors/challenge.gather)
     asked_at: str | None = None  # the latest valid time of a request asked so far
 
@@ -55,14 +56,16 @@ class Accumulator:
         # of 100 of them per user per batch was 29% of the worker's CPU).
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent),
                                                                          "forwarded": list(self.forwarded),
-                                                                         "challenging": list(self.challenging)}
+                                                                         "challenging": list(self.challenging),
+                                                                         "challenged_ids": list(self.challenged_ids)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
         if not data:
             return cls()
         return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ())),
-                      "challenging": tuple(data.get("challenging", ()))})
+                      "challenging": tuple(data.get("challenging", ())),
+                      "challenged_ids": tuple(data.get("challenged_ids", ()))})
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)

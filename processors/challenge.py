@@ -6,10 +6,10 @@ cites, whichever is higher (`bearings`). Only beliefs that already held when
 the episode happened can be challenged by it: an episode can tell that the
 world changed since, not before. An episode at or above the threshold joins
 the belief's open challenge (`gather`: many episodes make one challenge);
-the user's open challenges are asked for as soon as one has `quorum`
-challengers, or at the user's next cycle request, whichever comes first —
-points of the log, never of batch boundaries, so a replay in other batches
-asks the same challenges. The gate reads only episodes, never beliefs, so
+the open challenges that have their quorum of challengers (`quorum_of`:
+more for a well-supported belief) are asked for as soon as one reaches it —
+a point of the log, never of batch boundaries, so a replay in other batches
+asks the same challenges; the others wait for more. The gate reads only episodes, never beliefs, so
 what a challenge cycle writes cannot ask for another challenge: no loops.
 
 **Verdict (offline, heuristic).** The offline reasoner cannot read meaning;
@@ -25,13 +25,12 @@ it decides by rules over words, and says so (`heuristic: true`):
    belief's side rejects (or rejects what it chooses) contradicts it, one
    that chooses the same supports it.
 4. *contradicted* by a reversal cue ("no longer", "switched", "stopped",
-   "anymore", "gave up", "changed her mind", "for the first time"…) or by a
-   polarity flip (a negated challenger against an affirmative belief, or
-   the reverse).
+   "anymore", "gave up", "changed her mind", "for the first time"…) or by
+   a negated subject term the belief's side never negates ("wrote no test").
 5. *holds* otherwise.
 
-Several challengers: each is judged alone and the majority decides, ties
-going to the change (the newer evidence is what arrived). Its accuracy on
+Several challengers: each is judged alone and the majority of those
+related decides; a tie holds (no supersede on an even split). Its accuracy on
 the labeled set `processors/data/challenge_verdicts.tsv` is measured by
 tests/test_challenge.py (see processors/README.md).
 """
@@ -109,14 +108,26 @@ def bearings(episodes: Sequence[Mapping[str, Any]], vectors, beliefs: Sequence[M
     return out
 
 
+SUPPORT_PER_CHALLENGER = 4  # a belief resting on 4n pieces of evidence waits for n challengers
+
+
+def quorum_of(belief: Mapping[str, Any], quorum: int) -> int:
+    """Challengers a belief waits for: `quorum`, more for a well-supported
+    one — a belief resting on thirty episodes is not reconsidered at every
+    third mention, and a change that overturns it says so more than once."""
+    support = int(belief.get("support") or len(belief.get("evidence_ids", ())))
+    return min(MAX_CHALLENGERS, max(quorum, -(-support // SUPPORT_PER_CHALLENGER)))
+
+
 def gather(pending: Sequence[Mapping[str, Any]], episodes: Sequence[Mapping[str, Any]],
            scores: Sequence[Mapping[str, float]], threshold: float,
-           quorum: int) -> tuple[tuple[dict[str, Any], ...], int]:
+           quorums: Mapping[str, int]) -> tuple[tuple[dict[str, Any], ...], int]:
     """Fold episodes, in stream order, into the user's open challenges (one per
     belief: many episodes bearing on it make one challenge). Returns them and
     how many episodes were folded: the fold stops after the first episode
-    that brings a belief to `quorum` challengers, where the challenges are
-    asked for (the next episodes are judged against what they decide)."""
+    that brings a belief to its quorum of challengers (`quorums`, by belief),
+    where the challenges that reached theirs are asked for — the next
+    episodes are judged against what they decide."""
     held = {p["id"]: dict(p, by=list(p["by"])) for p in pending}
     for n, (episode, bearing) in enumerate(zip(episodes, scores), start=1):
         closing = False
@@ -125,10 +136,16 @@ def gather(pending: Sequence[Mapping[str, Any]], episodes: Sequence[Mapping[str,
             if episode["id"] not in entry["by"]:
                 entry["by"] = (entry["by"] + [episode["id"]])[-MAX_CHALLENGERS:]
             entry["score"], entry["at"] = max(entry["score"], bearing[rid]), episode["occurred_at"]
-            closing |= len(entry["by"]) >= quorum
+            entry["need"] = quorums.get(rid, entry.get("need", 1))
+            closing |= due(entry)
         if closing:
             return _bounded(held), n
     return _bounded(held), len(episodes)
+
+
+def due(entry: Mapping[str, Any]) -> bool:
+    """An open challenge that has its quorum of challengers."""
+    return len(entry["by"]) >= entry.get("need", 1)
 
 
 def _bounded(held: Mapping[str, dict[str, Any]]) -> tuple[dict[str, Any], ...]:
@@ -137,8 +154,8 @@ def _bounded(held: Mapping[str, dict[str, Any]]) -> tuple[dict[str, Any], ...]:
 
 
 def closed(pending: Sequence[Mapping[str, Any]]) -> list[Challenge]:
-    """The challenges open challenges become, most challengers first."""
-    ordered = sorted(pending, key=lambda p: (-len(p["by"]), -p["score"], p["id"]))
+    """The challenges the open ones that reached their quorum become, most challengers first."""
+    ordered = sorted((p for p in pending if due(p)), key=lambda p: (-len(p["by"]), -p["score"], p["id"]))
     return [Challenge(p["id"], tuple(p["by"]), p["score"], p["at"]) for p in ordered]
 
 
@@ -152,7 +169,8 @@ how i if in into is it its itself just like made make many more most much must m
 or other our out over own same she should so some such than that the their them then there these they this
 those through to too under until up very was we were what when where which while who why will with would you
 your user users agent episode said says asked asks told tells today yesterday often together team again
-""".split())
+not no never nothing without none changed longer
+""".split())  # the last line: negation and the offline statements' own words, which say nothing of a subject
 _CHOOSE = (  # (pattern, group of the chosen term, group of the rejected term)
     (re.compile(r"\b(\w+) (?:over|instead of|rather than|in place of|in favou?r of)\b( \w+)?"), 1, 2),
     (re.compile(r"\bfrom (\w+)(?: \w+)? to (\w+)"), 2, 1),
@@ -170,8 +188,9 @@ _REVERSAL = re.compile(r"\b(no longer|not anymore|any ?more|stopped|stop|switche
                        r"gone back|go back|gave up|give up|changed (his|her|their|my) mind|reversed|"
                        r"for the first time|now (prefers?|wants?|uses?|likes?)|instead|abandoned|dropped|"
                        r"ditched|quit|lifted|relaxed|scrapped|retired)\b")
-_NEGATION = re.compile(r"\b(not|no|never|nothing|without|refus(e|es|ed)|declin(e|es|ed)|avoid(s|ed)?|won t|"
-                       r"doesn t|don t|didn t|isn t|wasn t|can t|cannot|postpon(e|es|ed))\b")
+_NEGATION = re.compile(r"(not|no|never|nothing|without|cannot|off|refus\w*|declin\w*|postpon\w*|avoid\w*|"
+                       r"skip\w*|delay\w*)")
+_CONDITION = frozenset(("until", "unless", "before", "till"))  # "would not retry until…": a condition, not a denial
 
 
 def _plain(text: str) -> str:
@@ -202,15 +221,28 @@ def choices(text: str) -> tuple[set[str], set[str]]:
     return chosen - rejected, rejected
 
 
-def _negative(text: str) -> bool:
-    return bool(_NEGATION.search(_plain(text)))
+def _negated(text: str) -> set[str]:
+    """Stemmed content terms within three words after a negation ("no test",
+    "without reading the logs", "would not retry")."""
+    words = _plain(text).split()
+    out = set()
+    for i, word in enumerate(words):
+        if _NEGATION.fullmatch(word) or (word in ("won", "doesn", "don", "didn", "isn", "wasn", "can")
+                                         and i + 1 < len(words) and words[i + 1] == "t"):
+            if _CONDITION & set(words[i + 1:i + 8]):
+                continue
+            out |= {_stem(w) for w in words[i + 1:i + 4] if w not in _STOP and len(w) > 2}
+    return out
 
 
 def judge_one(belief: str, evidence: Sequence[str], challenger: str) -> tuple[str, str]:
     """(verdict, why) for one challenger."""
     side = [belief, *evidence]
+    # The subject: the belief's own terms, and those most of its evidence shares
+    # (a term of two evidence texts out of thirty is a detail, not the subject).
+    common = max(2, (len(evidence) + 1) // 2) if len(evidence) > 1 else 1
     subject = subject_terms(belief) | {t for t, n in Counter(t for e in evidence for t in subject_terms(e)).items()
-                                      if n >= 2 or len(evidence) < 2}
+                                      if n >= common}
     shared = subject & subject_terms(challenger)
     if len(shared) < 2:
         return "unrelated", f"shares {len(shared)} subject term(s)"
@@ -233,9 +265,12 @@ def judge_one(belief: str, evidence: Sequence[str], challenger: str) -> tuple[st
     cue = _REVERSAL.search(plain)
     if cue:
         return "contradicted", f"reversal {cue.group(0)!r}"
-    believed_negative = sum(map(_negative, side)) * 2 > len(side)
-    if _negative(challenger) != believed_negative:
-        return "contradicted", "polarity differs"
+    # A negated subject term the belief's side never negates ("wrote no test"
+    # against "writes a failing test first"); a phrasing the evidence shares
+    # ("would not retry until the logs…") is support, not a change.
+    denied = (_negated(challenger) & subject) - {t for text in side for t in _negated(text)}
+    if denied:
+        return "contradicted", f"negates {sorted(denied)}"
     return "holds", "same subject, no change cue"
 
 
@@ -245,7 +280,7 @@ def offline_verdict(belief: str, evidence: Sequence[str], challengers: Sequence[
     each = [judge_one(belief, evidence, c) for c in challengers]
     counts = Counter(v for v, _ in each)
     change = counts["contradicted"] + counts["refined"]
-    if change and change >= counts["holds"]:
+    if change > counts["holds"]:  # a tie holds: a belief is not superseded on an even split
         verdict = "contradicted" if counts["contradicted"] >= counts["refined"] else "refined"
         agree = {"contradicted", "refined"}
     elif counts["holds"]:

@@ -12,7 +12,7 @@ from datetime import timezone
 from typing import Sequence
 
 from processors.accumulator import Accumulator, number
-from processors.challenge import Challenge, bearings, closed
+from processors.challenge import Challenge, bearings, closed, quorum_of
 from processors.projector import point_id
 from processors.view import VectorStore
 from schemas import ChallengeRequested, EpisodeRecorded, parse_time
@@ -20,12 +20,15 @@ from schemas import ChallengeRequested, EpisodeRecorded, parse_time
 CHALLENGES = uuid.UUID("4b0f7f36-1a8e-4c53-9d1e-5f0c2a7e6b19")  # namespace of challenge cycle ids
 
 
-def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors) -> list[dict[str, float]]:
-    """Per episode, belief id → score (see challenge.bearings)."""
+def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors,
+               quorum: int) -> tuple[list[dict[str, float]], dict[str, int]]:
+    """Per episode, belief id → score (see challenge.bearings); and each live
+    belief's quorum of challengers (challenge.quorum_of)."""
     beliefs = [p for _, p in view.scroll(user, kind="reflection", status="live")
                if p.get("user_id") == user and p.get("reflection_id")]
+    quorums = {p["reflection_id"]: quorum_of(p, quorum) for p in beliefs}
     if not beliefs or not episodes:
-        return [{} for _ in episodes]
+        return [{} for _ in episodes], quorums
     own = {point_id("reflection", user, p["reflection_id"]): p["reflection_id"] for p in beliefs}
     # An evidence id names an episode or (depth 2) a belief: ask for both points, one exists.
     cited = {point_id(kind, user, e): e for p in beliefs for e in p.get("evidence_ids", ())
@@ -33,7 +36,7 @@ def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded]
     found = view.vectors([*own, *cited])
     return bearings([{"id": e.episode_id, "occurred_at": e.occurred_at} for e in episodes], vectors, beliefs,
                     {rid: found[pid] for pid, rid in own.items() if pid in found},
-                    {eid: found[pid] for pid, eid in cited.items() if pid in found})
+                    {eid: found[pid] for pid, eid in cited.items() if pid in found}), quorums
 
 
 def day_of(at: str) -> str:
@@ -41,19 +44,22 @@ def day_of(at: str) -> str:
 
 
 def asked(acc: Accumulator, user: str, daily: int) -> tuple[Accumulator, list[ChallengeRequested]]:
-    """The user's open challenges as requests, numbered in the user's
-    sequence, while the user's challenges of that day (valid time, UTC: a
-    replay counts the same) stay within `daily`; the rest are dropped."""
+    """The user's open challenges that reached their quorum, as requests
+    numbered in the user's sequence, within the budget of the user's current
+    day of valid time (UTC, so a replay counts the same): at most `daily`
+    challenges, and each belief at most once. What does not fit stays open."""
     out = []
     for c in closed(acc.challenging):
-        day = day_of(c.occurred_at)
-        spent = acc.challenged if acc.challenge_day == day else 0
-        if spent >= daily:
-            continue
-        acc = replace(acc, challenge_day=day, challenged=spent + 1)
+        day = max(day_of(c.occurred_at), acc.challenge_day or "")  # the stream's day: never back
+        if day != acc.challenge_day:
+            acc = replace(acc, challenge_day=day, challenged=0, challenged_ids=())
+        if acc.challenged >= daily or c.reflection_id in acc.challenged_ids:
+            continue  # stays open
+        acc = replace(acc, challenged=acc.challenged + 1, challenged_ids=(*acc.challenged_ids, c.reflection_id))
         acc, request = number(acc, request_of(user, c))
         out.append(request)
-    return replace(acc, challenging=()), out
+    asked_now = {r.reflection_id for r in out}
+    return replace(acc, challenging=tuple(p for p in acc.challenging if p["id"] not in asked_now)), out
 
 
 def request_of(user: str, c: Challenge) -> ChallengeRequested:

@@ -18,7 +18,8 @@ import pytest
 
 from challenge_story import AGAIN, MIN_EPISODES, OTHER, PANDAS, POLARS, THRESHOLD, USER, story
 from memory_worker import MemoryWorker, memory_runtime
-from processors.challenge import (LABELED, bearings, closed, gather, judge_one, labeled_accuracy, offline_verdict)
+from processors.challenge import (LABELED, bearings, closed, gather, judge_one, labeled_accuracy, offline_verdict,
+                                  quorum_of)
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
@@ -47,8 +48,8 @@ def test_the_verdict_reads_choices_cues_and_subjects():
     answer = offline_verdict(belief, evidence, [PANDAS[0], PANDAS[1], AGAIN[0]])
     assert (answer.verdict, answer.cited, answer.heuristic) == ("contradicted", (1, 2), True)
     assert answer.statement == "Changed: now pandas rather than polars."
-    tie = offline_verdict(belief, evidence, [PANDAS[0], AGAIN[0]])
-    assert tie.verdict == "contradicted"  # a tie goes to the change: the newer evidence is what arrived
+    tie = offline_verdict(belief, evidence, [PANDAS[0], AGAIN[0], OTHER[0]])
+    assert (tie.verdict, tie.cited) == ("holds", (2,))  # an even split supersedes nothing; unrelated ones don't count
     assert offline_verdict(belief, evidence, [AGAIN[0], AGAIN[1]]).statement == ""
 
 
@@ -58,12 +59,15 @@ def test_the_verdict_reads_choices_cues_and_subjects():
 def test_many_episodes_bearing_on_a_belief_make_one_challenge_at_the_quorum():
     episodes = [{"id": f"e{i}", "occurred_at": f"2026-03-02T1{i}:00:00Z"} for i in range(5)]
     scores = [{"b1": 0.9, "b2": 0.1}, {"b1": 0.5}, {"b1": 0.8, "b2": 0.7}, {"b1": 0.95}, {"b2": 0.9}]
-    pending, used = gather((), episodes, scores, threshold=0.6, quorum=3)
+    pending, used = gather((), episodes, scores, threshold=0.6, quorums={"b1": 3, "b2": 2})
     assert used == 4  # e3 brings b1 to three challengers: the challenges are asked there
     assert [(c.reflection_id, c.challenger_ids, c.similarity) for c in closed(pending)] == [
-        ("b1", ("e0", "e2", "e3"), 0.95), ("b2", ("e2",), 0.7)]
-    again, used = gather(pending, episodes[:1], scores[:1], 0.6, 3)  # a redelivered episode counts once
+        ("b1", ("e0", "e2", "e3"), 0.95)]  # b2 waits for a second challenger
+    again, used = gather(pending, episodes[:1], scores[:1], 0.6, {"b1": 3, "b2": 2})  # a redelivery counts once
     assert used == 1 and [p["by"] for p in again if p["id"] == "b1"] == [["e0", "e2", "e3"]]
+    pending, used = gather(again, episodes[4:], scores[4:], 0.6, {"b1": 3, "b2": 2})
+    assert [c.challenger_ids for c in closed(pending) if c.reflection_id == "b2"] == [("e2", "e4")]
+    assert quorum_of({"support": 30}, 3) == 8 and quorum_of({"evidence_ids": ["a", "b"]}, 3) == 3
 
 
 def test_an_episode_bears_only_on_beliefs_held_when_it_happened():

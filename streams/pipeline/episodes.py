@@ -126,8 +126,8 @@ class EpisodesPipeline(Runner):
 
         Each episode is judged against the beliefs of every request before it
         in the log, waited for: so what the gate sees, and the challenges it
-        asks (at a quorum, or with the fired request: processors/challenge.py),
-        are a function of the log, not of batch sizes or timing."""
+        asks (at a quorum: processors/challenge.py), are a function of the
+        log, not of batch sizes or timing."""
         acc = changed[user]
         acc = replace(acc, asked=acc.asked - len(fired))  # numbered again below, after the gate's own
         settings = self.runtime.settings
@@ -135,24 +135,25 @@ class EpisodesPipeline(Runner):
             await self.cycles_settled(user, acc.asked)
             vectors = (embedder or self.runtime.embedder).embed([e.text for e in run])
             try:  # a view that does not answer is waited for, as by every stage
-                scores = await self.runtime.policy.until_done("challenge-gate", lambda: asyncio.to_thread(
-                    bearing_of, self.runtime.view, user, run, vectors))
+                scores, quorums = await self.runtime.policy.until_done("challenge-gate", lambda: asyncio.to_thread(
+                    bearing_of, self.runtime.view, user, run, vectors, settings.challenge_quorum))
             except Exception:  # a bug of the gate's: the episodes are in the view already, nothing to dead-letter
                 log.exception("the contradiction gate failed for %d episode(s) of user %s: not judged", len(run), user)
                 break
-            pending, used = gather(acc.challenging, [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in run],
-                                   scores, self.gate_score, settings.challenge_quorum)
-            acc, run = replace(acc, challenging=pending), run[used:]
-            if run or any(len(p["by"]) >= settings.challenge_quorum for p in pending):
+            # An open challenge of a belief no longer live (superseded, invalid) has nothing left to ask.
+            acc = replace(acc, challenging=tuple(p for p in acc.challenging if p["id"] in quorums))
+            judged = [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in run]
+            done, challenges = 0, []
+            while done < len(run) and not challenges:  # the same beliefs until a challenge is asked
+                pending, used = gather(acc.challenging, judged[done:], scores[done:], self.gate_score, quorums)
+                acc, done = replace(acc, challenging=pending), done + used
                 acc, challenges = asked(acc, user, settings.challenge_daily)
-                await self.publish(challenges)
+            await self.publish(challenges)
+            run = run[done:]
         out = []
         for request in fired:
             acc, request = number(acc, request)
             out.append(request)
-        if fired and self.gate:  # a cycle request closes the user's open challenges too
-            acc, challenges = asked(acc, user, settings.challenge_daily)
-            out += challenges
         changed[user] = acc
         await self.publish(out)
 
