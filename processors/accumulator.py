@@ -50,6 +50,7 @@ class Accumulator:
     challenged_ids: tuple[str, ...] = field(default_factory=tuple)  # the beliefs they challenged
     challenging: tuple[dict[str, Any], ...] = field(default_factory=tuple)  # open challenges (processors/challenge.gather)
     asked_at: str | None = None  # the latest valid time of a request asked so far
+    stream_at: str | None = None  # the latest valid time of the user's episodes judged so far (staleness)
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy

@@ -25,9 +25,10 @@ from typing import Any, Sequence
 from processors.challenge import VERDICTS, Answer
 from processors.embedders import Embedder
 from processors.injection import instruction_cue
-from processors.projector import point_id, support_of
+from processors.projector import latest, point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import reflection_id, ungrounded
+from processors.staleness import refreshed
 from processors.reflector import TIE_MARGIN, CycleConfig, _asked, confidence, kept_evidence, top, window_records
 from processors.view import VectorStore
 from schemas import ChallengeRequested, Event, ReflectionChallenged, ReflectionCreated, ReflectionReinforced
@@ -44,8 +45,9 @@ def run_challenge(request: ChallengeRequested, view: VectorStore, embedder: Embe
     user, rid = request.user_id, request.reflection_id
     pid = point_id("reflection", user, rid)
     belief = view.get([pid]).get(pid)
-    if not belief or belief.get("user_id") != user or belief.get("status") != "live" or not belief.get("text"):
-        return [audit(request, reasoner, "moot", started, reason="the belief is no longer live")]
+    if not belief or belief.get("user_id") != user or belief.get("status") not in ("live", "stale") \
+            or not belief.get("text"):
+        return [audit(request, reasoner, "moot", started, reason="the belief is no longer served")]
     challengers = window_records(view, user, [("episode", e) for e in request.challenger_ids])
     if not challengers:
         return [audit(request, reasoner, "moot", started, reason="every challenger was retracted")]
@@ -64,10 +66,12 @@ def run_challenge(request: ChallengeRequested, view: VectorStore, embedder: Embe
                       error=f"{type(exc).__name__}: {exc}"[:2000])]
     chosen = [challengers[n - 1] for n in cited]
     out: list[Event] = []
-    status, successor, why = "live", None, answer.reason
+    status, successor, why = belief["status"], None, answer.reason
     if answer.verdict == "holds":
-        reinforced = _reinforcement(request, belief, [c["id"] for c in chosen], config)
-        out += [reinforced] if reinforced else []
+        reinforced = _reinforcement(request, belief, chosen, config)
+        out += [reinforced, *refreshed(belief, reinforced, config.stale_after_days, request.cycle_id)] \
+            if reinforced else []
+        status = "live" if len(out) > 1 or status == "live" else status
     elif answer.verdict in ("refined", "contradicted"):
         status = "superseded"
         made, successor, dropped = _successor(request, belief, evidence, chosen, answer, reasoner, view, embedder,
@@ -91,10 +95,10 @@ def _checked(answer: Answer, shown: int) -> tuple[int, ...]:
     return cited
 
 
-def _reinforcement(request: ChallengeRequested, belief: dict[str, Any], supporting: Sequence[str],
+def _reinforcement(request: ChallengeRequested, belief: dict[str, Any], supporting: Sequence[dict[str, Any]],
                    config: CycleConfig, similarity: float | None = None) -> ReflectionReinforced | None:
     previous = list(belief.get("evidence_ids", ()))
-    added = tuple(e for e in supporting if e not in previous)
+    added = tuple(r["id"] for r in supporting if r["id"] not in previous)
     if not added:
         return None
     support = support_of(belief.get("support"), previous) + len(added)
@@ -103,7 +107,8 @@ def _reinforcement(request: ChallengeRequested, belief: dict[str, Any], supporti
         event_id=f"reinforced:{request.cycle_id}:{belief['reflection_id']}", user_id=request.user_id,
         reflection_id=belief["reflection_id"], cycle_id=request.cycle_id,
         evidence_ids=kept_evidence((*previous, *added), config.max_evidence), added_evidence_ids=added,
-        confidence=confidence(standing), support=support, similarity=similarity, occurred_at=request.occurred_at)
+        confidence=confidence(standing), support=support, similarity=similarity,
+        supported_at=latest(*(r["occurred_at"] for r in supporting if r["id"] in added)), occurred_at=request.occurred_at)
 
 
 def _successor(request: ChallengeRequested, belief: dict[str, Any], evidence: Sequence[dict[str, Any]],
@@ -127,7 +132,7 @@ def _successor(request: ChallengeRequested, belief: dict[str, Any], evidence: Se
             and int(h.payload.get("depth", 1)) == depth and h.payload.get("reflection_id") != request.reflection_id]
     if same:  # already grounded when it was formed: one more challenger is support, whatever the floor
         kept = same[0].payload
-        reinforced = _reinforcement(request, kept, ids, config, round(min(1.0, same[0].score), 6))
+        reinforced = _reinforcement(request, kept, resting, config, round(min(1.0, same[0].score), 6))
         return ([reinforced] if reinforced else []), kept["reflection_id"], ""
     if len(resting) < config.citation_floor:
         return [], None, f"cites {len(resting)} record(s), floor is {config.citation_floor}"
@@ -146,7 +151,7 @@ def _successor(request: ChallengeRequested, belief: dict[str, Any], evidence: Se
         importance=max(float(r.get("importance", 0.0)) for r in resting), confidence=confidence(len(ids)),
         support=len(ids), reasoner=reasoner.name, prompt_version=reasoner.prompt_version,
         question=f"Does this still hold: {belief['text']}"[:2000], supersedes=request.reflection_id,
-        occurred_at=request.occurred_at)], rid, ""
+        supported_at=latest(*(r["occurred_at"] for r in resting)), occurred_at=request.occurred_at)], rid, ""
 
 
 def audit(request: ChallengeRequested, reasoner: Reasoner, outcome: str, started: float, usage: Usage = Usage(),

@@ -20,15 +20,18 @@ from schemas import ChallengeRequested, EpisodeRecorded, parse_time
 CHALLENGES = uuid.UUID("4b0f7f36-1a8e-4c53-9d1e-5f0c2a7e6b19")  # namespace of challenge cycle ids
 
 
-def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors,
-               quorum: int) -> tuple[list[dict[str, float]], dict[str, int]]:
-    """Per episode, belief id → score (see challenge.bearings); and each live
-    belief's quorum of challengers (challenge.quorum_of)."""
-    beliefs = [p for _, p in view.scroll(user, kind="reflection", status="live")
-               if p.get("user_id") == user and p.get("reflection_id")]
+def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors, quorum: int,
+               scored: bool = True) -> tuple[list[dict[str, float]], dict[str, int], list[dict]]:
+    """Per episode, belief id → score (see challenge.bearings; none unless
+    `scored`), for the live and the stale beliefs (fresh support brings a
+    stale one back through a challenge that holds); each one's quorum of
+    challengers (challenge.quorum_of); and the live beliefs."""
+    beliefs = sorted((p for status in ("live", "stale") for _, p in view.scroll(user, kind="reflection", status=status)
+                      if p.get("user_id") == user and p.get("reflection_id")), key=lambda p: p["reflection_id"])
     quorums = {p["reflection_id"]: quorum_of(p, quorum) for p in beliefs}
-    if not beliefs or not episodes:
-        return [{} for _ in episodes], quorums
+    live = [p for p in beliefs if p.get("status") == "live"]
+    if not beliefs or not episodes or not scored:
+        return [{} for _ in episodes], quorums, live
     own = {point_id("reflection", user, p["reflection_id"]): p["reflection_id"] for p in beliefs}
     # An evidence id names an episode or (depth 2) a belief: ask for both points, one exists.
     cited = {point_id(kind, user, e): e for p in beliefs for e in p.get("evidence_ids", ())
@@ -36,7 +39,7 @@ def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded]
     found = view.vectors([*own, *cited])
     return bearings([{"id": e.episode_id, "occurred_at": e.occurred_at} for e in episodes], vectors, beliefs,
                     {rid: found[pid] for pid, rid in own.items() if pid in found},
-                    {eid: found[pid] for pid, eid in cited.items() if pid in found}), quorums
+                    {eid: found[pid] for pid, eid in cited.items() if pid in found}), quorums, live
 
 
 def day_of(at: str) -> str:

@@ -173,6 +173,7 @@ def reflection_payload(event: ReflectionCreated) -> dict:
         "status": "live",
         "occurred_at": event.occurred_at,
         "valid_from": event.occurred_at,
+        "supported_at": event.supported_at or event.occurred_at,  # the staleness horizon counts from it
         "recorded_at": event.recorded_at,
         "created_at": event.recorded_at,
         # Transaction-time changes, for reads as of an earlier time; each names
@@ -218,7 +219,7 @@ def change(payload: dict, event) -> tuple[dict, bool]:
         if support <= support_of(payload.get("support"), payload.get("evidence_ids", ())):
             return {}, False
         return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence, "support": support,
-                "reinforced_at": event.recorded_at,
+                "reinforced_at": event.recorded_at, "supported_at": latest(payload.get("supported_at"), event.supported_at),
                 "history": _logged(payload, event, event.recorded_at, "live", event.confidence)}, False
     keys = {"confidence": event.confidence or 0.0,
             "history": _logged(payload, event, event.expired_at, event.status, event.confidence or 0.0),
@@ -233,13 +234,22 @@ def change(payload: dict, event) -> tuple[dict, bool]:
     return keys, bool(event.erased) and event.status == "invalid"
 
 
+def latest(*times: str | None) -> str | None:
+    """The latest of RFC 3339 times (None where none is given): order-free, so
+    events applied late or twice leave the same answer."""
+    from schemas import parse_time
+
+    given = [t for t in times if t]
+    return max(given, key=parse_time) if given else None
+
+
 def challenged(payload: dict, event: ReflectionChallenged) -> dict:
     """A challenge that superseded the belief (refined, contradicted): its
     cause and successor, the belief kept with its history so `as_of` before
     the change still shows it held. Superseded is terminal here. Other
     verdicts change nothing in the view (holds reinforces by its own event):
     a key set by every challenge would be set back by a catch-up replay."""
-    if event.outcome != "ok" or event.status != "superseded" or payload.get("status") != "live":
+    if event.outcome != "ok" or event.status != "superseded" or payload.get("status") not in ("live", "stale"):
         return {}
     return {"status": "superseded", "superseded_at": event.occurred_at, "superseded_by": event.successor_id,
             "superseded_cause": list(event.cited_ids or ()), "superseded_verdict": event.verdict,

@@ -97,7 +97,7 @@ def decide(reached: Mapping[str, dict[str, Any]], parent: Mapping[str, str], roo
 # Keys a change of status sets (a challenge superseding the belief, staleness):
 # a read as of a time before that change shows the belief without them.
 CHANGE_KEYS = ("superseded_at", "superseded_by", "superseded_cause", "superseded_verdict", "superseded_cycle",
-               "stale_at", "supported_at", "refreshed_at")
+               "stale_at", "refreshed_at")
 
 
 def as_of(payload: dict[str, Any], at: str) -> dict[str, Any] | None:

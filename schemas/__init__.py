@@ -133,6 +133,7 @@ class ReflectionCreated(Event):
     question: str | None = None
     support: int | None = None  # distinct evidence ever cited (evidence_ids keeps a bounded part)
     supersedes: str | None = None  # a challenge's successor: the belief it replaces
+    supported_at: str | None = None  # valid time of its newest evidence
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +146,7 @@ class ReflectionReinforced(Event):
     confidence: float
     similarity: float | None = None
     support: int | None = None  # distinct evidence ever cited, this reinforcement's included
+    supported_at: str | None = None  # valid time of the newest evidence it adds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +207,7 @@ class ReflectionChallenged(Event):
     verdict: str | None = None  # holds | refined | contradicted | unrelated (outcome ok only)
     cited_ids: tuple[str, ...] | None = None  # the challengers the verdict rests on
     successor_id: str | None = None
-    status: str | None = None  # the belief's status after it: live | superseded
+    status: str | None = None  # the belief's status after it: live | stale | superseded
     heuristic: bool | None = None
     reason: str | None = None
     error: str | None = None

@@ -330,6 +330,8 @@ SPECS: tuple[Spec, ...] = (
          "user's next cycle request)."),
     Spec("challenge_daily", "REFLECT_CHALLENGE_DAILY", "20", _positive_int,
          "Challenge cycles one user may be asked per day of the user's valid time (UTC); the rest are dropped."),
+    Spec("stale_after_days", "REFLECT_STALE_AFTER_DAYS", "0", _non_negative_float,
+         "Days of the user's valid time past a belief's newest support after which it is stale (0: never)."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -437,6 +439,7 @@ class Settings:
     challenge_min_score: float | None
     challenge_quorum: int
     challenge_daily: int
+    stale_after_days: float
     threshold: float
     min_episodes: int
     salience_cut: float

@@ -157,3 +157,41 @@ def test_the_daily_budget_and_the_switch_bound_the_challenges(tmp_path):
     assert len(asked) == 1  # the ten episodes fall on one day of valid time
     runtime, view = run_story(tmp_path / "off", story(PANDAS, "pandas"), challenge="off")
     assert not logged(runtime, ChallengeRequested) and all(p["status"] == "live" for p in beliefs(view).values())
+
+
+# ------------------------------------------------------------------ staleness
+
+
+def spaced(texts, prefix, first_day):
+    from challenge_story import START
+    from datetime import timedelta
+    from schemas import EpisodeRecorded
+    return [EpisodeRecorded(user_id=USER, episode_id=f"{prefix}-{i}", text=t, importance=0.6,
+                            occurred_at=(START + timedelta(days=first_day + i)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            for i, t in enumerate(texts, start=1)]
+
+
+def test_a_belief_goes_stale_at_the_horizon_in_valid_time_and_comes_back_on_fresh_support(tmp_path):
+    from schemas import ReflectionStaled
+    events = story([], "none") + spaced(OTHER, "other", 22) + spaced(AGAIN[:8], "again", 40)
+    runtime, view = run_story(tmp_path / "whole", events, stale_after_days=30)
+    staled = [e for e in logged(runtime, ReflectionStaled)]
+    gone = [e for e in staled if e.stale]
+    first = {r for r, p in beliefs(view).items() if p["cycle_id"] == f"{USER}:1"}
+    assert {e.reflection_id for e in gone} == first
+    # Newest support 2026-03-02 17:00 (polars-8); + 30 days is 04-01 17:00, between other-8 (day 30, 04-01
+    # 09:00) and other-9 (day 31): the episode that moved the stream past the horizon.
+    assert {e.cause for e in gone} == {"other-9"} and {e.occurred_at for e in gone} == {"2026-04-02T09:00:00Z"}
+    # Revalidated: a challenge by the user's recent episodes newer than its support, up to the cause.
+    revalidations = [r for r in runtime.outlets.requests.events() if r.cycle_id.startswith(f"{USER}:refresh:")]
+    assert {r.reflection_id for r in revalidations} == first
+    assert all(isinstance(r, ChallengeRequested) and r.challenger_ids[-1] == "other-9" for r in revalidations)
+    back = [e for e in staled if not e.stale]
+    assert back and {e.reflection_id for e in back} <= first  # fresh support (day 40 on) brought them back
+    held = beliefs(view)
+    assert all(held[e.reflection_id]["status"] == "live" for e in back)
+    assert all(held[r]["status"] == "stale" for r in first - {e.reflection_id for e in back})
+    _, small = run_story(tmp_path / "small", events, batch=3, stale_after_days=30)  # a replay in other batches
+    keys = ("status", "supported_at", "stale_at", "refreshed_at", "evidence_ids", "support")
+    assert {r: {k: p.get(k) for k in keys} for r, p in held.items()} == \
+           {r: {k: p.get(k) for k in keys} for r, p in beliefs(small).items()}

@@ -96,3 +96,23 @@ def test_polars_to_pandas_supersedes_the_old_beliefs_with_history_and_a_successo
     assert "now pandas rather than polars" in prompt["prompt"]
     assert not any(b["text"] in prompt["prompt"] for b in old)  # never pinned again
     assert w.get(f"/v1/users/{USER}/beliefs?include=gone")["error"]["field"] == "include"
+
+
+def test_a_stale_belief_is_served_only_when_asked_for_and_never_pinned(settings, worker):
+    from challenge_story import OTHER
+    from test_challenge import spaced
+
+    s = replace(settings, threshold=THRESHOLD, min_episodes=MIN_EPISODES, stale_after_days=30.0)
+    run(ensure_topics(s))
+    w = worker(s)
+    beliefs = lambda query="": w.get(f"/v1/users/{USER}/beliefs?limit=1000{query}")["beliefs"]  # noqa: E731
+    run(publish(s, episodes(POLARS, 0, "polars")))
+    old = {b["reflection_id"] for b in wait_for(lambda: beliefs(), 60, "the polars beliefs")}
+    before = urllib.parse.quote(now())
+    run(publish(s, spaced(OTHER, "other", 22)))  # thirty-one days on in the user's valid time
+    stale = wait_for(lambda: [b for b in beliefs("&include=stale") if b["status"] == "stale"], 60, "stale beliefs")
+    assert {b["reflection_id"] for b in stale} == old and all(b["stale_at"] == "2026-04-02T09:00:00Z" for b in stale)
+    assert not old & {b["reflection_id"] for b in beliefs()}  # not served unless asked for
+    prompt = w.get(f"/v1/users/{USER}/beliefs?format=prompt&budget=4000&include=stale")
+    assert not any(b["text"] in prompt["prompt"] for b in stale)  # never pinned
+    assert {b["reflection_id"] for b in beliefs(f"&as_of={before}")} >= old  # held live before

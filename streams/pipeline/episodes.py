@@ -30,10 +30,11 @@ from typing import Any
 from processors.accumulator import Accumulator, Trigger, admit, number
 from processors.challenge import GATE_SCORE, gather
 from processors.gate import asked, bearing_of
+from processors.staleness import first_stale, went_stale
 from processors.embedders import Precomputed
 from processors.invalidator import Invalidator, empty_state
-from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
+from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector, latest
+from schemas import ChallengeRequested, EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
 from streams import metrics
 from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import Runner
@@ -57,7 +58,7 @@ def numbered(events: list[Event], acc: Accumulator) -> tuple[list[Event], Accumu
     """The requests among `events` with the user's next sequence numbers."""
     out = []
     for event in events:
-        if isinstance(event, ReflectionRequested):
+        if isinstance(event, (ReflectionRequested, ChallengeRequested)):
             acc, event = number(acc, event)
         out.append(event)
     return out, acc
@@ -71,6 +72,7 @@ class EpisodesPipeline(Runner):
         self.trigger = Trigger.from_settings(settings)
         self.invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
         self.gate = settings.challenge == "on"
+        self.horizon = settings.stale_after_days
         self.gate_score = GATE_SCORE.get(settings.embedder, 0.5) if settings.challenge_min_score is None \
             else settings.challenge_min_score
 
@@ -131,24 +133,36 @@ class EpisodesPipeline(Runner):
         acc = changed[user]
         acc = replace(acc, asked=acc.asked - len(fired))  # numbered again below, after the gate's own
         settings = self.runtime.settings
-        while self.gate and run:
+        while (self.gate or self.horizon) and run:
             await self.cycles_settled(user, acc.asked)
-            vectors = (embedder or self.runtime.embedder).embed([e.text for e in run])
+            vectors = (embedder or self.runtime.embedder).embed([e.text for e in run]) if self.gate else None
             try:  # a view that does not answer is waited for, as by every stage
-                scores, quorums = await self.runtime.policy.until_done("challenge-gate", lambda: asyncio.to_thread(
-                    bearing_of, self.runtime.view, user, run, vectors, settings.challenge_quorum))
+                scores, quorums, live = await self.runtime.policy.until_done("challenge-gate", lambda: asyncio.to_thread(
+                    bearing_of, self.runtime.view, user, run, vectors, settings.challenge_quorum, self.gate))
             except Exception:  # a bug of the gate's: the episodes are in the view already, nothing to dead-letter
                 log.exception("the contradiction gate failed for %d episode(s) of user %s: not judged", len(run), user)
                 break
-            # An open challenge of a belief no longer live (superseded, invalid) has nothing left to ask.
+            # An open challenge of a belief no longer live (superseded, invalid, stale) has nothing left to ask.
             acc = replace(acc, challenging=tuple(p for p in acc.challenging if p["id"] in quorums))
             judged = [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in run]
-            done, challenges = 0, []
-            while done < len(run) and not challenges:  # the same beliefs until a challenge is asked
-                pending, used = gather(acc.challenging, judged[done:], scores[done:], self.gate_score, quorums)
-                acc, done = replace(acc, challenging=pending), done + used
-                acc, challenges = asked(acc, user, settings.challenge_daily)
-            await self.publish(challenges)
+            done, asked_now = 0, []
+            while done < len(run) and not asked_now:  # the same beliefs until something is asked
+                upto, stale, _ = first_stale(live, judged[done:], acc.stream_at, self.horizon)
+                upto = upto or len(run) - done
+                used = upto
+                if self.gate:
+                    pending, used = gather(acc.challenging, judged[done:done + upto], scores[done:done + upto],
+                                           self.gate_score, quorums)
+                    acc, asked_now = asked(replace(acc, challenging=pending), user, settings.challenge_daily)
+                acc = replace(acc, stream_at=latest(acc.stream_at, *(e["occurred_at"] for e in judged[done:done + used])))
+                done += used
+                if stale and used == upto:  # the stream passed their horizon at this episode
+                    went = went_stale(user, [b for b in live if b["reflection_id"] in stale], judged[done - 1],
+                                      self.horizon, acc.recent)
+                    await asyncio.to_thread(self.project_beliefs, [e for e in went if isinstance(e, REFLECTION_TYPES)])
+                    went, acc = numbered(went, acc)
+                    asked_now = [*asked_now, *went]
+            await self.publish(asked_now)
             run = run[done:]
         out = []
         for request in fired:
