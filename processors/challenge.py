@@ -108,7 +108,7 @@ def bearings(episodes: Sequence[Mapping[str, Any]], vectors, beliefs: Sequence[M
     return out
 
 
-SUPPORT_PER_CHALLENGER = 4  # a belief resting on 4n pieces of evidence waits for n challengers
+SUPPORT_PER_CHALLENGER = 2  # a belief resting on 2n pieces of evidence waits for n challengers
 
 
 def quorum_of(belief: Mapping[str, Any], quorum: int) -> int:

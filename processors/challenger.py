@@ -99,7 +99,7 @@ def _reinforcement(request: ChallengeRequested, belief: dict[str, Any], supporti
                    config: CycleConfig, similarity: float | None = None) -> ReflectionReinforced | None:
     previous = list(belief.get("evidence_ids", ()))
     added = tuple(r["id"] for r in supporting if r["id"] not in previous)
-    if not added:
+    if not added or int(belief.get("depth", 1)) > 1:  # episodes are no evidence of a belief about beliefs
         return None
     support = support_of(belief.get("support"), previous) + len(added)
     standing = support - len(belief.get("lost_evidence_ids", ()))
@@ -108,7 +108,8 @@ def _reinforcement(request: ChallengeRequested, belief: dict[str, Any], supporti
         reflection_id=belief["reflection_id"], cycle_id=request.cycle_id,
         evidence_ids=kept_evidence((*previous, *added), config.max_evidence), added_evidence_ids=added,
         confidence=confidence(standing), support=support, similarity=similarity,
-        supported_at=latest(*(r["occurred_at"] for r in supporting if r["id"] in added)), occurred_at=request.occurred_at)
+        supported_at=latest(*(r["occurred_at"] for r in supporting if r["id"] in added)),
+        occurred_at=request.occurred_at)
 
 
 def _successor(request: ChallengeRequested, belief: dict[str, Any], evidence: Sequence[dict[str, Any]],
@@ -127,7 +128,8 @@ def _successor(request: ChallengeRequested, belief: dict[str, Any], evidence: Se
     ids = [r["id"] for r in resting]
     depth = 1 + max(int(r.get("depth", 0)) for r in resting)
     vectors = embedder.embed([text, *(r["text"] for r in resting)])
-    same = [h for h in top(view.search(request.user_id, vectors[0], 5 * TIE_MARGIN, kind="reflection", status="live"), 5)
+    near = view.search(request.user_id, vectors[0], 5 * TIE_MARGIN, kind="reflection", status="live")
+    same = [h for h in top(near, 5)
             if h.score >= config.duplicate_cosine and h.payload.get("user_id") == request.user_id
             and int(h.payload.get("depth", 1)) == depth and h.payload.get("reflection_id") != request.reflection_id]
     if same:  # already grounded when it was formed: one more challenger is support, whatever the floor

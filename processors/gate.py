@@ -21,7 +21,8 @@ CHALLENGES = uuid.UUID("4b0f7f36-1a8e-4c53-9d1e-5f0c2a7e6b19")  # namespace of c
 
 
 def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors, quorum: int,
-               scored: bool = True) -> tuple[list[dict[str, float]], dict[str, int], list[dict]]:
+               scored: bool = True,
+               cache: dict | None = None) -> tuple[list[dict[str, float]], dict[str, int], list[dict]]:
     """Per episode, belief id → score (see challenge.bearings; none unless
     `scored`), for the live and the stale beliefs (fresh support brings a
     stale one back through a challenge that holds); each one's quorum of
@@ -33,13 +34,33 @@ def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded]
     if not beliefs or not episodes or not scored:
         return [{} for _ in episodes], quorums, live
     own = {point_id("reflection", user, p["reflection_id"]): p["reflection_id"] for p in beliefs}
-    # An evidence id names an episode or (depth 2) a belief: ask for both points, one exists.
+    # An evidence id names an episode, or (in a belief of depth 2) possibly a belief: ask for both points then.
     cited = {point_id(kind, user, e): e for p in beliefs for e in p.get("evidence_ids", ())
-             for kind in ("episode", "reflection")}
-    found = view.vectors([*own, *cited])
+             if e not in p.get("lost_evidence_ids", ())
+             for kind in (("episode", "reflection") if int(p.get("depth", 1)) > 1 else ("episode",))}
+    found = _vectors(view, [*own, *cited], cache)
     return bearings([{"id": e.episode_id, "occurred_at": e.occurred_at} for e in episodes], vectors, beliefs,
                     {rid: found[pid] for pid, rid in own.items() if pid in found},
                     {eid: found[pid] for pid, eid in cited.items() if pid in found}), quorums, live
+
+
+CACHED = 200_000  # vectors the gate keeps between runs (a point's vector never changes while it is served)
+
+
+def _vectors(view: VectorStore, ids: list[str], cache: dict | None) -> dict:
+    """The vectors of `ids`: from `cache` where it has them, the rest in one
+    read. A point without a vector is remembered as such too: the ids asked
+    for are of served beliefs and their evidence, and an id that names no
+    belief (an episode's, asked for as a belief's too) never comes to."""
+    if cache is None:
+        return view.vectors(ids)
+    missing = [i for i in dict.fromkeys(ids) if i not in cache]
+    if missing:
+        if len(cache) + len(missing) > CACHED:
+            cache.clear()
+        found = view.vectors(missing)
+        cache.update({i: found.get(i) for i in missing})
+    return {i: cache[i] for i in ids if cache.get(i) is not None}
 
 
 def day_of(at: str) -> str:

@@ -219,7 +219,8 @@ def change(payload: dict, event) -> tuple[dict, bool]:
         if support <= support_of(payload.get("support"), payload.get("evidence_ids", ())):
             return {}, False
         return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence, "support": support,
-                "reinforced_at": event.recorded_at, "supported_at": latest(payload.get("supported_at"), event.supported_at),
+                "reinforced_at": event.recorded_at,
+                "supported_at": latest(payload.get("supported_at"), event.supported_at),
                 "history": _logged(payload, event, event.recorded_at, "live", event.confidence)}, False
     keys = {"confidence": event.confidence or 0.0,
             "history": _logged(payload, event, event.expired_at, event.status, event.confidence or 0.0),

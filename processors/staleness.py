@@ -86,7 +86,8 @@ def refreshed(held: Mapping[str, Any] | None, event: Event, horizon_days: float,
     if not held or held.get("status") != "stale" or held.get("user_id") != event.user_id:
         return []
     newest = parse_time(event.supported_at)
-    if newest <= parse_time(supported_at(held)) or newest + timedelta(days=horizon_days) < parse_time(event.occurred_at):
+    if newest <= parse_time(supported_at(held)) or \
+            newest + timedelta(days=horizon_days) < parse_time(event.occurred_at):
         return []
     return [ReflectionStaled(event_id=f"refreshed:{event.reflection_id}:{cycle_id}", user_id=event.user_id,
                              reflection_id=event.reflection_id, stale=False, supported_at=event.supported_at,

@@ -326,10 +326,10 @@ SPECS: tuple[Spec, ...] = (
          "Cosine (to a belief's text or nearest evidence) at which an episode challenges the belief "
          "(empty: the embedder's own, minilm 0.6, hashing 0.32)."),
     Spec("challenge_quorum", "REFLECT_CHALLENGE_QUORUM", "3", _positive_int,
-         "Episodes bearing on one belief at which the user's open challenges are asked for (else at the "
-         "user's next cycle request)."),
-    Spec("challenge_daily", "REFLECT_CHALLENGE_DAILY", "20", _positive_int,
-         "Challenge cycles one user may be asked per day of the user's valid time (UTC); the rest are dropped."),
+         "Episodes bearing on one belief at which it is challenged (more for a well-supported belief: half "
+         "its support, at most 16)."),
+    Spec("challenge_daily", "REFLECT_CHALLENGE_DAILY", "10", _positive_int,
+         "Challenge cycles one user may be asked per day of the user's valid time (UTC); the rest wait."),
     Spec("stale_after_days", "REFLECT_STALE_AFTER_DAYS", "0", _non_negative_float,
          "Days of the user's valid time past a belief's newest support after which it is stale (0: never)."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,

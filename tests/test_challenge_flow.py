@@ -62,7 +62,8 @@ def test_polars_to_pandas_supersedes_the_old_beliefs_with_history_and_a_successo
     for rid in ids:
         chain = explain(rid)["chain"]
         assert chain["verdict"] == "contradicted" and chain["successor"]["status"] == "live"
-        assert {c["id"] for c in chain["challengers"]} <= pandas and all(c["kind"] == "episode" for c in chain["challengers"])
+        assert {c["id"] for c in chain["challengers"]} <= pandas
+        assert all(c["kind"] == "episode" for c in chain["challengers"])
         successors.add(chain["successor"]["id"])
     [successor] = successors  # one change of mind, one belief saying what holds now
     now_held = explain(successor)

@@ -84,8 +84,8 @@ def settled(worker, settings, events, users) -> bool:
                 (recorded[u] - retracted[u], retracted[u], asked[u]):
             return False
     requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)}
-    completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
-                 if e["type"] == "ReflectionCycleCompleted"}
+    completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # a challenge's audit
+                 if e["type"] in ("ReflectionCycleCompleted", "ReflectionChallenged")}     # is ReflectionChallenged
     return requests <= completed
 
 

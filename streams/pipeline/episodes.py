@@ -73,6 +73,7 @@ class EpisodesPipeline(Runner):
         self.invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
         self.gate = settings.challenge == "on"
         self.horizon = settings.stale_after_days
+        self.vectors: dict = {}  # the gate's cache of belief and evidence vectors (processors/gate.py)
         self.gate_score = GATE_SCORE.get(settings.embedder, 0.5) if settings.challenge_min_score is None \
             else settings.challenge_min_score
 
@@ -137,8 +138,9 @@ class EpisodesPipeline(Runner):
             await self.cycles_settled(user, acc.asked)
             vectors = (embedder or self.runtime.embedder).embed([e.text for e in run]) if self.gate else None
             try:  # a view that does not answer is waited for, as by every stage
-                scores, quorums, live = await self.runtime.policy.until_done("challenge-gate", lambda: asyncio.to_thread(
-                    bearing_of, self.runtime.view, user, run, vectors, settings.challenge_quorum, self.gate))
+                scores, quorums, live = await self.runtime.policy.until_done(
+                    "challenge-gate", lambda: asyncio.to_thread(bearing_of, self.runtime.view, user, run, vectors,
+                                                                settings.challenge_quorum, self.gate, self.vectors))
             except Exception:  # a bug of the gate's: the episodes are in the view already, nothing to dead-letter
                 log.exception("the contradiction gate failed for %d episode(s) of user %s: not judged", len(run), user)
                 break
@@ -154,7 +156,8 @@ class EpisodesPipeline(Runner):
                     pending, used = gather(acc.challenging, judged[done:done + upto], scores[done:done + upto],
                                            self.gate_score, quorums)
                     acc, asked_now = asked(replace(acc, challenging=pending), user, settings.challenge_daily)
-                acc = replace(acc, stream_at=latest(acc.stream_at, *(e["occurred_at"] for e in judged[done:done + used])))
+                seen = (e["occurred_at"] for e in judged[done:done + used])
+                acc = replace(acc, stream_at=latest(acc.stream_at, *seen))
                 done += used
                 if stale and used == upto:  # the stream passed their horizon at this episode
                     went = went_stale(user, [b for b in live if b["reflection_id"] in stale], judged[done - 1],

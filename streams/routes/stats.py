@@ -30,6 +30,8 @@ class Stats(View):
             "pending_importance": round(acc.pending, 6),
             "high_salience": acc.high_salience,
             "cycles": acc.cycles,
+            # Every request asked (threshold, revalidation, manual, challenge) and those whose cycle is done.
+            "requests": acc.asked, "requests_done": ctx.tables.requests_done.get(user_id) or 0,
             "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
         })
 
