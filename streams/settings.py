@@ -319,7 +319,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("grounding_min_cosine", "REFLECT_GROUNDING_MIN_COSINE", "", _optional_cosine,
          "Cosine a cited item needs to support a new belief; fewer than citation_floor such items and the "
          "insight is dropped (empty: the embedder's own, minilm 0.35, hashing 0.05)."),
-    Spec("challenge", "REFLECT_CHALLENGE", "on", _choice("on", "off"),
+    Spec("challenge", "REFLECT_CHALLENGE", "off", _choice("on", "off"),
          "The contradiction gate: new episodes that bear on a live belief ask for a challenge cycle (holds, "
          "refined or contradicted)."),
     Spec("challenge_min_score", "REFLECT_CHALLENGE_MIN_SCORE", "", _optional_cosine,

@@ -87,7 +87,7 @@ def test_an_episode_bears_only_on_beliefs_held_when_it_happened():
 def run_story(tmp: Path, events, batch: int = 256, **overrides):
     async def go():
         settings = Settings.load(env={}, data_dir=str(tmp), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                                 projector_batch=batch, **overrides)
+                                 projector_batch=batch, **{"challenge": "on", **overrides})
         view = SharedView(EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim))
         runtime = memory_runtime(settings, view, HashingEmbedder(), OfflineReasoner(), Backoff(0.001, 0.01))
         await MemoryWorker(runtime).run(events)
@@ -195,3 +195,36 @@ def test_a_belief_goes_stale_at_the_horizon_in_valid_time_and_comes_back_on_fres
     keys = ("status", "supported_at", "stale_at", "refreshed_at", "evidence_ids", "support")
     assert {r: {k: p.get(k) for k in keys} for r, p in held.items()} == \
            {r: {k: p.get(k) for k in keys} for r, p in beliefs(small).items()}
+
+
+def test_challenges_get_half_of_a_token_budget_and_never_starve_reflection_cycles(tmp_path):
+    from datetime import datetime, timezone
+
+    import anthropic
+
+    from messages_api import MessagesServer, OfflineModel
+    from processors.anthropic_reasoner import AnthropicReasoner
+    from processors.guard import Spend, day_of
+    from schemas import ReflectionCycleCompleted
+
+    server = MessagesServer(OfflineModel())
+    try:
+        async def go():
+            settings = Settings.load(env={}, data_dir=str(tmp_path), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
+                                     user_daily_tokens=100_000, challenge="on")
+            view = SharedView(EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim))
+            client = anthropic.Anthropic(api_key="k", base_url=server.url, max_retries=0, timeout=5)
+            runtime = memory_runtime(settings, view, HashingEmbedder(), AnthropicReasoner(client, "claude-haiku-4-5"),
+                                     Backoff(0.001, 0.01))
+            today = day_of(datetime.now(timezone.utc))  # budgets are per UTC day of the wall clock
+            runtime.tables.spend.data[f"user:{USER}"] = Spend().charged(today, 60_000).to_dict()  # past half
+            await MemoryWorker(runtime).run(story(PANDAS, "pandas"))
+            return runtime
+        runtime = asyncio.run(go())
+    finally:
+        server.close()
+    challenged = logged(runtime, ReflectionChallenged)
+    assert challenged and {(e.outcome, e.usage["calls"]) for e in challenged} == {("refused", 0)}
+    assert "daily tokens" in challenged[0].error
+    cycles = logged(runtime, ReflectionCycleCompleted)
+    assert cycles and {c.outcome for c in cycles} == {"ok"}  # the reflection cycles still ran

@@ -30,7 +30,7 @@ async def publish(settings, events):
 
 @pytest.fixture(params=["offline", "anthropic"])
 def stack(request, settings, worker):
-    s = replace(settings, threshold=THRESHOLD, min_episodes=MIN_EPISODES)
+    s = replace(settings, threshold=THRESHOLD, min_episodes=MIN_EPISODES, challenge="on")
     if request.param == "offline":
         run(ensure_topics(s))
         yield s, worker(s), None
@@ -103,7 +103,7 @@ def test_a_stale_belief_is_served_only_when_asked_for_and_never_pinned(settings,
     from challenge_story import OTHER
     from test_challenge import spaced
 
-    s = replace(settings, threshold=THRESHOLD, min_episodes=MIN_EPISODES, stale_after_days=30.0)
+    s = replace(settings, threshold=THRESHOLD, min_episodes=MIN_EPISODES, stale_after_days=30.0, challenge="on")
     run(ensure_topics(s))
     w = worker(s)
     beliefs = lambda query="": w.get(f"/v1/users/{USER}/beliefs?limit=1000{query}")["beliefs"]  # noqa: E731

@@ -91,7 +91,7 @@ def settled(worker, settings, events, users) -> bool:
 
 def run(broker, tmp, name: str, batch: int, restart_at: int | None) -> dict:
     settings = make_settings(broker.url, tmp / name, threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                             projector_batch=batch, session_timeout=6.0)
+                             projector_batch=batch, session_timeout=6.0, challenge="on")
     users = users_by_partition(2, settings.partitions)
     events = history(users)
     asyncio.run(ensure_topics(settings))

@@ -140,7 +140,7 @@ async def provoke_and_follow(s) -> tuple[list, list[dict]]:
 def test_a_plain_consumer_validates_every_reflection_event_against_the_published_schemas(settings, worker):
     # max_depth=1: beliefs are not evidence for beliefs, so the second cycle's
     # insight can only reinforce the first one's (same depth) or be dropped.
-    s = replace(settings, threshold=2.0, min_episodes=4, max_depth=1)
+    s = replace(settings, threshold=2.0, min_episodes=4, max_depth=1, challenge="on")  # the gate's events too
     run(ensure_topics(s))
     worker(s)
     messages, events = run(provoke_and_follow(s))

@@ -131,7 +131,7 @@ def start(tmp: Path, batch: int = 256, embedder=None) -> Run:
     """A memory worker over a fresh Edge view in `tmp`; build it inside the
     event loop that runs it (the runtime's locks belong to one loop)."""
     settings = Settings.load(env={}, data_dir=str(tmp), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                             projector_batch=batch)
+                             projector_batch=batch, challenge="on")  # the contradiction gate in every run
     view = SharedView(EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim))
     faulty = FaultyView(view)
     runtime = memory_runtime(settings, faulty, embedder or HashingEmbedder(), OfflineReasoner(), TINY)

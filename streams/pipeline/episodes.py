@@ -54,6 +54,20 @@ def segments(admitted: list[tuple[Event, Any]]) -> list[list[tuple[Event, Any]]]
     return out
 
 
+def at_requests(items: list[tuple[Event, Any]], current, trigger: Trigger) -> list[list[tuple[Event, Any]]]:
+    """The segment cut after each record that makes its user's accumulator
+    ask for a cycle (a dry run of `admit` from `current(user)`)."""
+    accs: dict[str, Accumulator] = {}
+    out: list[list[tuple[Event, Any]]] = [[]]
+    for item in items:
+        user = item[0].user_id
+        accs[user], request = admit(accs[user] if user in accs else current(user), item[0], trigger)
+        out[-1].append(item)
+        if request is not None:
+            out.append([])
+    return [chunk for chunk in out if chunk]
+
+
 def numbered(events: list[Event], acc: Accumulator) -> tuple[list[Event], Accumulator]:
     """The requests among `events` with the user's next sequence numbers."""
     out = []
@@ -85,20 +99,24 @@ class EpisodesPipeline(Runner):
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: dict | None = None) -> None:
         embedder = Precomputed(self.runtime.embedder, prepared or {})
         project = metrics.timed_apply(EpisodeProjector(self.runtime.view, embedder).apply, "episode")
-        for segment in segments(admitted):
-            if isinstance(segment[0][0], EpisodeRetracted):
-                await self.cycles_settled(segment[0][0].user_id)
-            else:
-                await self.late_settled(segment)
-            episodes = [(r, m) for r, m in segment if isinstance(r, EPISODE_TYPES)]
-            async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
-                applied = {id(m) for _, m in await self.runtime.policy.apply("project", project, episodes)}
-            # What was dead-lettered is not counted either; manual requests go on in their place.
-            kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
-            await self.accumulate(kept, embedder)
-            for record, message in kept:
-                if isinstance(record, EpisodeRetracted):
-                    await self.invalidate(record, message)
+        for whole in segments(admitted):
+            if isinstance(whole[0][0], EpisodeRetracted):
+                await self.cycles_settled(whole[0][0].user_id)
+            table = self.runtime.tables.accumulators
+            # Cut after each record that asks for a cycle: what comes after it in the log is projected only
+            # after its request is asked, so a late one waits for the cycle (late_settled) in every batching.
+            for segment in at_requests(whole, lambda user: Accumulator.from_dict(table.get(user)), self.trigger):
+                if not isinstance(segment[0][0], EpisodeRetracted):
+                    await self.late_settled(segment)
+                episodes = [(r, m) for r, m in segment if isinstance(r, EPISODE_TYPES)]
+                async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
+                    applied = {id(m) for _, m in await self.runtime.policy.apply("project", project, episodes)}
+                # What was dead-lettered is not counted either; manual requests go on in their place.
+                kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
+                await self.accumulate(kept, embedder)
+                for record, message in kept:
+                    if isinstance(record, EpisodeRetracted):
+                        await self.invalidate(record, message)
 
     async def accumulate(self, applied: list[tuple[Event, Any]], embedder=None) -> None:
         """Fold the segment into the accumulators in order. Each user's new

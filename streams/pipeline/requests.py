@@ -74,8 +74,10 @@ class RequestsPipeline(Runner):
         """One cycle's events, already in the view; refused when a budget is
         spent or the breaker is open."""
         runtime = self.runtime
-        reason = runtime.budget.refusal(*(s.today(today()) for s in self.spent(request, partition))) or \
-            runtime.breaker.refusal(asyncio.get_running_loop().time())
+        spent = [s.today(today()) for s in self.spent(request, partition)]
+        if isinstance(request, ChallengeRequested):  # challenges get half of each budget: they never starve cycles
+            spent = [2 * tokens for tokens in spent]
+        reason = runtime.budget.refusal(*spent) or runtime.breaker.refusal(asyncio.get_running_loop().time())
         if reason:
             refusal = refused_challenge if isinstance(request, ChallengeRequested) else refused
             return [refusal(request, runtime.reasoner, reason)]

@@ -40,7 +40,7 @@ def measure(embedder_name: str = "hashing", seed: int = 7, episodes: int = 2100,
 
     async def go():
         with tempfile.TemporaryDirectory() as tmp:
-            settings = Settings.load(env={}, data_dir=tmp, embedder=embedder_name, **overrides)
+            settings = Settings.load(env={}, data_dir=tmp, embedder=embedder_name, **{"challenge": "on", **overrides})
             if embedder_name == "minilm":
                 from processors.minilm import MiniLMEmbedder
                 embedder = MiniLMEmbedder()
