@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
 
 WINDOW = 100
 
@@ -46,18 +46,28 @@ class Accumulator:
     asked: int = 0  # requests forwarded so far, of every kind: the last one's sequence
     forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
     asked_by: dict[str, int] = field(default_factory=dict)  # requests forwarded by `why` (threshold, manual, …)
+    challenge_day: str | None = None  # valid-time day (UTC) of the user's last challenge (processors/gate.py)
+    challenged: int = 0  # challenges asked on that day
+    challenged_ids: tuple[str, ...] = field(default_factory=tuple)  # the beliefs they challenged
+    challenging: tuple[dict[str, Any], ...] = field(default_factory=tuple)  # open challenges (processors/challenge.gather)
+    asked_at: str | None = None  # the latest valid time of a request asked so far
+    stream_at: str | None = None  # the latest valid time of the user's episodes judged so far (staleness)
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy
         # of 100 of them per user per batch was 29% of the worker's CPU).
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent),
-                                                                         "forwarded": list(self.forwarded)}
+                                                                         "forwarded": list(self.forwarded),
+                                                                         "challenging": list(self.challenging),
+                                                                         "challenged_ids": list(self.challenged_ids)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
         if not data:
             return cls()
-        return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ()))})
+        return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ())),
+                      "challenging": tuple(data.get("challenging", ())),
+                      "challenged_ids": tuple(data.get("challenged_ids", ()))})
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)
@@ -115,7 +125,9 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
     """The request with the user's next sequence number."""
     by_why = {**acc.asked_by, request.why: acc.asked_by.get(request.why, 0) + 1}
-    acc = replace(acc, asked=acc.asked + 1, asked_by=by_why)
+    latest = request.occurred_at if acc.asked_at is None or parse_time(request.occurred_at) > parse_time(acc.asked_at) \
+        else acc.asked_at
+    acc = replace(acc, asked=acc.asked + 1, asked_by=by_why, asked_at=latest)
     return acc, replace(request, sequence=acc.asked)
 
 

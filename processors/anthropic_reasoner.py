@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import orjson
 
+from processors.challenge import Answer
 from processors.reasoners import Usage
 from processors.reflection import Insight
 
@@ -64,6 +65,15 @@ BATCH_TOOL = {
                 "question": {"type": "integer"},
                 "text": {"type": "string"},
                 "citations": {"type": "array", "items": {"type": "integer"}}}}}}},
+}
+VERDICT_TOOL = {
+    "name": "record_verdict",
+    "description": "Record whether the belief still holds, the newer statements it rests on, and what holds now.",
+    "input_schema": {"type": "object", "required": ["verdict", "citations"], "properties": {
+        "verdict": {"type": "string", "enum": ["holds", "refined", "contradicted", "unrelated"]},
+        "citations": {"type": "array", "items": {"type": "integer"}},
+        "statement": {"type": "string"},
+        "reason": {"type": "string"}}},
 }
 # USD per million tokens: input, output, cache write (5 min), cache read — the
 # public list prices of 2026; REFLECT_ANTHROPIC_PRICE overrides them.
@@ -209,6 +219,20 @@ class AnthropicReasoner:
                 per_question[asked - 1] += 1
                 out.append((asked - 1, insight))
         return out, usage
+
+
+    def verdict(self, belief: str, evidence: Sequence[str], challengers: Sequence[str]) -> tuple[Answer, Usage]:
+        """A challenge cycle's verdict through a forced tool; what the model
+        cites is checked by the challenge cycle (processors/challenger.py)."""
+        data = f"<belief>\n{_escaped(belief)}\n</belief>\n{_block('evidence', evidence)}\n{numbered(challengers)}"
+        answer, usage = self._ask("challenge.md", 1, data, VERDICT_TOOL, self.max_tokens)
+        verdict, citations = answer.get("verdict"), answer.get("citations")
+        if not isinstance(verdict, str) or not isinstance(citations, list):
+            raise ReasonerError("answer has no verdict and list of citations")
+        statement, reason = answer.get("statement"), answer.get("reason")
+        return Answer(verdict.strip(), tuple(c for c in citations if _is_int(c)),
+                      statement.strip()[:16000] if isinstance(statement, str) else "",
+                      reason.strip()[:2000] if isinstance(reason, str) else ""), usage
 
 
 def _items(data: dict[str, Any]) -> list[Any]:

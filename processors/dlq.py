@@ -3,17 +3,18 @@ Kafka Connect style error headers, so an operator can read why and replay."""
 
 from __future__ import annotations
 
-from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated,
-                     ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced, ReflectionRequested,
-                     decode)
+from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, Event,
+                     ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
+                     ReflectionReinforced, ReflectionRequested, ReflectionStaled, decode)
 
 
 # The event types each topic carries; anything else there is bad input.
 # A manual ReflectionRequested rides on the user's episodes partition, so the
 # accumulator forwards it in stream order (processors/accumulator.py).
 ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested)
-ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted)
-ON_REQUESTS = (ReflectionRequested,)
+ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted,
+                  ReflectionChallenged, ReflectionStaled)
+ON_REQUESTS = (ReflectionRequested, ChallengeRequested)
 
 
 def carried(settings) -> dict[str, tuple[type, ...]]:

@@ -15,12 +15,14 @@ from typing import Sequence
 
 from processors.embedders import Embedder
 from processors.view import VectorStore, ViewPoint
-from schemas import (EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated, ReflectionInvalidated,
-                     ReflectionReinforced)
+from schemas import (EpisodeRecorded, EpisodeRetracted, Event, ReflectionChallenged, ReflectionCreated,
+                     ReflectionInvalidated, ReflectionReinforced, ReflectionStaled)
 
 POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
 EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
-REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated)
+REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged,
+                    ReflectionStaled)
+CHANGES = (ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged, ReflectionStaled)  # of a projected belief
 
 
 def point_id(kind: str, user_id: str, record_id: str) -> str:
@@ -154,7 +156,7 @@ def support_of(support: int | None, evidence_ids) -> int:
 
 
 def reflection_payload(event: ReflectionCreated) -> dict:
-    return {
+    return ({"supersedes": event.supersedes} if event.supersedes else {}) | {
         "user_id": event.user_id,
         "kind": "reflection",
         "reflection_id": event.reflection_id,
@@ -171,6 +173,7 @@ def reflection_payload(event: ReflectionCreated) -> dict:
         "status": "live",
         "occurred_at": event.occurred_at,
         "valid_from": event.occurred_at,
+        "supported_at": event.supported_at or event.occurred_at,  # the staleness horizon counts from it
         "recorded_at": event.recorded_at,
         "created_at": event.recorded_at,
         # Transaction-time changes, for reads as of an earlier time; each names
@@ -193,7 +196,7 @@ def bounded_history(history: list[dict], live: int = LIVE_HISTORY) -> list[dict]
     return [entry for i, entry in enumerate(history) if i not in dropped]
 
 
-def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -> tuple[dict, bool]:
+def change(payload: dict, event) -> tuple[dict, bool]:
     """The payload keys an event sets on a projected belief, and whether its
     text and vector go (an erasure); ({}, False) when it changes nothing.
 
@@ -207,12 +210,17 @@ def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -
     if payload.get("status") == "invalid":  # terminal, but an erasure still takes the text
         erased = isinstance(event, ReflectionInvalidated) and bool(event.erased)
         return ({"erased_at": event.expired_at}, True) if erased else ({}, False)
+    if isinstance(event, ReflectionChallenged):
+        return challenged(payload, event), False
+    if isinstance(event, ReflectionStaled):
+        return staled(payload, event), False
     if isinstance(event, ReflectionReinforced):
         support = support_of(event.support, event.evidence_ids)
         if support <= support_of(payload.get("support"), payload.get("evidence_ids", ())):
             return {}, False
         return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence, "support": support,
                 "reinforced_at": event.recorded_at,
+                "supported_at": latest(payload.get("supported_at"), event.supported_at),
                 "history": _logged(payload, event, event.recorded_at, "live", event.confidence)}, False
     keys = {"confidence": event.confidence or 0.0,
             "history": _logged(payload, event, event.expired_at, event.status, event.confidence or 0.0),
@@ -225,6 +233,40 @@ def change(payload: dict, event: ReflectionReinforced | ReflectionInvalidated) -
     else:
         keys.update(weakened_at=event.expired_at)
     return keys, bool(event.erased) and event.status == "invalid"
+
+
+def latest(*times: str | None) -> str | None:
+    """The latest of RFC 3339 times (None where none is given): order-free, so
+    events applied late or twice leave the same answer."""
+    from schemas import parse_time
+
+    given = [t for t in times if t]
+    return max(given, key=parse_time) if given else None
+
+
+def challenged(payload: dict, event: ReflectionChallenged) -> dict:
+    """A challenge that superseded the belief (refined, contradicted): its
+    cause and successor, the belief kept with its history so `as_of` before
+    the change still shows it held. Superseded is terminal here. Other
+    verdicts change nothing in the view (holds reinforces by its own event):
+    a key set by every challenge would be set back by a catch-up replay."""
+    if event.outcome != "ok" or event.status != "superseded" or payload.get("status") not in ("live", "stale"):
+        return {}
+    return {"status": "superseded", "superseded_at": event.occurred_at, "superseded_by": event.successor_id,
+            "superseded_cause": list(event.cited_ids or ()), "superseded_verdict": event.verdict,
+            "superseded_cycle": event.cycle_id,
+            "history": _logged(payload, event, event.recorded_at, "superseded", float(payload.get("confidence", 0.0)))}
+
+
+def staled(payload: dict, event: ReflectionStaled) -> dict:
+    """Stale (the stream passed the horizon) or live again (fresh support);
+    only a live belief goes stale, only a stale one comes back."""
+    if payload.get("status") != ("live" if event.stale else "stale"):
+        return {}
+    status = "stale" if event.stale else "live"
+    return {"status": status, "supported_at": event.supported_at,
+            ("stale_at" if event.stale else "refreshed_at"): event.occurred_at,
+            "history": _logged(payload, event, event.recorded_at, status, float(payload.get("confidence", 0.0)))}
 
 
 def _logged(payload: dict, event: Event, at: str, status: str, confidence: float) -> list[dict]:
@@ -251,7 +293,7 @@ class ReflectionProjector:
             self.view.upsert([ViewPoint(pid, vec, reflection_payload(e))
                               for (pid, e), vec in zip(fresh.items(), vectors)])
         for e in events:
-            if isinstance(e, (ReflectionReinforced, ReflectionInvalidated)):
+            if isinstance(e, CHANGES):
                 pid = point_id("reflection", e.user_id, e.reflection_id)
                 payload = self.view.get([pid]).get(pid)
                 if payload is None:

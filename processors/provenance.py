@@ -94,9 +94,16 @@ def decide(reached: Mapping[str, dict[str, Any]], parent: Mapping[str, str], roo
 
 # --------------------------------------------------------------- bi-temporal reads
 
+# Keys a change of status sets (a challenge superseding the belief, staleness):
+# a read as of a time before that change shows the belief without them.
+CHANGE_KEYS = ("superseded_at", "superseded_by", "superseded_cause", "superseded_verdict", "superseded_cycle",
+               "stale_at", "refreshed_at")
+
+
 def as_of(payload: dict[str, Any], at: str) -> dict[str, Any] | None:
     """The belief as the system held it at transaction time `at`, or None if it
-    did not hold it then (not yet created, or already expired)."""
+    did not hold it then (not yet created, or already expired). A superseded or
+    stale belief is still held, with that status, from the change on."""
     when = parse_time(at)
     created = payload.get("created_at")
     if created is None or parse_time(created) > when:
@@ -108,7 +115,10 @@ def as_of(payload: dict[str, Any], at: str) -> dict[str, Any] | None:
     for change in payload.get("history", ()):
         if parse_time(change["at"]) <= when:
             state = {"status": change["status"], "confidence": change["confidence"]}
-    return {**payload, **state, "status": "live" if state["status"] == "weakened" else state["status"]}
+    status = "live" if state["status"] == "weakened" else state["status"]
+    if status not in ("superseded", "stale"):
+        payload = {k: v for k, v in payload.items() if k not in CHANGE_KEYS}
+    return {**payload, **state, "status": status}
 
 
 def tree(get: Callable[[str, str], dict[str, Any] | None], kind: str, rid: str, max_depth: int,
@@ -135,3 +145,23 @@ def tree(get: Callable[[str, str], dict[str, Any] | None], kind: str, rid: str, 
     elif rid in seen:
         node["repeated"] = True
     return node
+
+
+def chain(get: Callable[[str, str], dict[str, Any] | None], payload: dict[str, Any]) -> dict[str, Any]:
+    """A belief's place in a change of mind: belief → the challenger episodes
+    that superseded it → its successor; and the belief it superseded, if any."""
+    def brief(kind: str, rid: str | None) -> dict[str, Any] | None:
+        found = get(kind, rid) if rid else None
+        if found is None:
+            return {"id": rid, "kind": kind, "status": "unknown"} if rid else None
+        return {"id": rid, "kind": kind, **{k: found[k] for k in ("status", "text", "occurred_at") if k in found}}
+
+    out: dict[str, Any] = {}
+    if payload.get("status") == "superseded":
+        out.update(verdict=payload.get("superseded_verdict"), superseded_at=payload.get("superseded_at"),
+                   cycle_id=payload.get("superseded_cycle"),
+                   challengers=[brief("episode", e) for e in payload.get("superseded_cause", ())],
+                   successor=brief("reflection", payload.get("superseded_by")))
+    if payload.get("supersedes"):
+        out["supersedes"] = brief("reflection", payload["supersedes"])
+    return out

@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from processors.reflection import Insight
+
+if TYPE_CHECKING:
+    from processors.challenge import Answer
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,12 @@ class Reasoner(Protocol):
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]: ...
 
     def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]: ...
+
+    def verdict(self, belief: str, evidence: Sequence[str],
+                challengers: Sequence[str]) -> tuple["Answer", Usage]:
+        """Does `belief` (resting on `evidence`) still hold given the new
+        `challengers`? Citations number the challengers (processors/challenge.py)."""
+        ...
 
 
 _WORD = re.compile(r"[a-z][a-z0-9_-]{3,}")
@@ -121,6 +130,11 @@ class OfflineReasoner:
             if len(out) == n:
                 break
         return out, Usage()
+
+    def verdict(self, belief: str, evidence: Sequence[str], challengers: Sequence[str]) -> tuple["Answer", Usage]:
+        from processors.challenge import offline_verdict  # its own module: the heuristic, labeled as such
+
+        return offline_verdict(belief, evidence, challengers), Usage()
 
 
 def make_reasoner(settings) -> Reasoner:

@@ -16,9 +16,10 @@ from typing import Any, Sequence
 
 from processors.embedders import Embedder
 from processors.injection import instruction_cue
-from processors.projector import point_id, support_of
+from processors.projector import latest, point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank, ungrounded
+from processors.staleness import held, refreshed
 from processors.view import Hit, VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
                      ReflectionRequested, parse_time)
@@ -35,13 +36,15 @@ class CycleConfig:
     max_evidence: int = 32  # evidence ids a belief keeps (the schema allows 256): see kept_evidence
     weights: Weights = Weights()
     grounding_cosine: float | None = None  # None: only the instruction screen (see reflection.ungrounded)
+    stale_after_days: float = 0.0  # 0: beliefs never go stale (processors/staleness.py)
 
     @classmethod
     def from_settings(cls, settings) -> "CycleConfig":
         grounding = settings.grounding_min_cosine
         return cls(top_k=settings.top_k, citation_floor=settings.citation_floor, max_depth=settings.max_depth,
                    grounding_cosine=GROUNDING_COSINE.get(settings.embedder) if grounding is None else grounding,
-                   duplicate_cosine=DUPLICATE_COSINE.get(settings.embedder, cls.duplicate_cosine))
+                   duplicate_cosine=DUPLICATE_COSINE.get(settings.embedder, cls.duplicate_cosine),
+                   stale_after_days=settings.stale_after_days)
 
 
 # Cosine a cited item needs to support a belief, per embedder (REFLECT_GROUNDING_MIN_COSINE
@@ -203,6 +206,8 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                 kept += isinstance(event, ReflectionCreated)
                 reinforced += isinstance(event, ReflectionReinforced)
                 out.append(event)
+                if config.stale_after_days and isinstance(event, ReflectionReinforced):
+                    out += refreshed(held(view, event), event, config.stale_after_days, request.cycle_id)
         outcome, error = ("ok" if out else "empty"), None
     except Exception as exc:
         if not getattr(exc, "from_reasoner", False):
@@ -311,7 +316,11 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
     evidence_ids = tuple(c.id for c in belief.evidence)
     # Only a belief of the same depth can be reinforced: merging evidence across
     # levels would make a belief cite itself or misstate its depth.
-    near = [h for h in top(view.search(user, vector, 5 * TIE_MARGIN, kind="reflection", status="live"), 5)
+    # A stale belief said again on fresh evidence is reinforced too, and so comes back (refreshed).
+    held = view.search(user, vector, 5 * TIE_MARGIN, kind="reflection", status="live")
+    if config.stale_after_days:
+        held += view.search(user, vector, 5 * TIE_MARGIN, kind="reflection", status="stale")
+    near = [h for h in top(held, 5)
             if h.score >= config.duplicate_cosine and h.payload.get("user_id") == user
             and int(h.payload.get("depth", 1)) == belief.depth]
     if near:
@@ -328,10 +337,12 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
             reflection_id=old["reflection_id"], cycle_id=cycle,
             evidence_ids=kept_evidence((*previous, *added), config.max_evidence), added_evidence_ids=added,
             confidence=confidence(standing), support=support, similarity=round(min(1.0, near[0].score), 6),
+            supported_at=latest(*(c.occurred_at for c in belief.evidence if c.id in added)),
             occurred_at=request.occurred_at)
     return ReflectionCreated(
         event_id=f"created:{belief.reflection_id}", user_id=user, reflection_id=belief.reflection_id,
         cycle_id=cycle, text=belief.text[:16000], evidence_ids=kept_evidence(evidence_ids, config.max_evidence),
         depth=belief.depth, importance=belief.importance, confidence=confidence(len(evidence_ids)),
         support=len(evidence_ids), reasoner=reasoner.name, prompt_version=reasoner.prompt_version,
-        question=question[:2000], occurred_at=request.occurred_at)
+        question=question[:2000], supported_at=latest(*(c.occurred_at for c in belief.evidence)),
+        occurred_at=request.occurred_at)

@@ -134,6 +134,9 @@ class VectorStore(Protocol):
 
     def get(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vectors of `ids` that have one (a tombstone has none)."""
+
     def count(self, user_id: str, **match: str) -> int: ...
 
     def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
@@ -290,6 +293,12 @@ class EdgeView:
         if not ids:
             return {}
         return {str(r.id): dict(r.payload) for r in self._shard.retrieve(list(ids), True, False)}
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        if not ids:
+            return {}
+        found = self._shard.retrieve(list(ids), False, True)
+        return {str(r.id): list(r.vector[VECTOR]) for r in found if r.vector and r.vector.get(VECTOR)}
 
     def count(self, user_id: str, **match: str) -> int:
         return self._shard.count(self._q.CountRequest(filter=self._filter(user_id, match), exact=True))
@@ -482,6 +491,12 @@ class QdrantView:
         if not ids:
             return {}
         return {str(r.id): dict(r.payload or {}) for r in self.client.retrieve(self.target, list(ids))}
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        if not ids:
+            return {}
+        found = self.client.retrieve(self.target, list(ids), with_payload=False, with_vectors=[VECTOR])
+        return {str(r.id): list(r.vector[VECTOR]) for r in found if isinstance(r.vector, dict) and r.vector.get(VECTOR)}
 
     def count(self, user_id: str, **match: str) -> int:
         return self.client.count(self.target, count_filter=self._filter(user_id, match), exact=True).count

@@ -30,6 +30,9 @@ EVENT_TYPES = (
     "ReflectionReinforced",
     "ReflectionInvalidated",
     "ReflectionCycleCompleted",
+    "ChallengeRequested",
+    "ReflectionChallenged",
+    "ReflectionStaled",
 )
 PAYLOAD = "(payload)"  # the field name used when the bytes themselves are wrong
 # Levels of objects and arrays in one event, the event object itself included.
@@ -129,6 +132,8 @@ class ReflectionCreated(Event):
     prompt_version: str
     question: str | None = None
     support: int | None = None  # distinct evidence ever cited (evidence_ids keeps a bounded part)
+    supersedes: str | None = None  # a challenge's successor: the belief it replaces
+    supported_at: str | None = None  # valid time of its newest evidence
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +146,7 @@ class ReflectionReinforced(Event):
     confidence: float
     similarity: float | None = None
     support: int | None = None  # distinct evidence ever cited, this reinforcement's included
+    supported_at: str | None = None  # valid time of the newest evidence it adds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +180,52 @@ class ReflectionCycleCompleted(Event):
     drops: tuple[dict[str, str], ...] | None = None  # why each dropped insight was dropped (the first 64)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ChallengeRequested(Event):
+    """The contradiction gate asks for a challenge cycle: does a live belief
+    still hold, given new episodes that bear on it (processors/challenge.py)?"""
+    TYPE: ClassVar[str] = "ChallengeRequested"
+    cycle_id: str
+    reflection_id: str
+    challenger_ids: tuple[str, ...]
+    similarity: float
+    sequence: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReflectionChallenged(Event):
+    """The audit record and verdict of one challenge cycle; with verdict refined
+    or contradicted it also supersedes the belief (no longer served)."""
+    TYPE: ClassVar[str] = "ReflectionChallenged"
+    cycle_id: str
+    reflection_id: str
+    challenger_ids: tuple[str, ...]
+    outcome: str  # ok | moot | failed | unavailable | refused
+    reasoner: str
+    usage: dict[str, Any]
+    duration_ms: float
+    verdict: str | None = None  # holds | refined | contradicted | unrelated (outcome ok only)
+    cited_ids: tuple[str, ...] | None = None  # the challengers the verdict rests on
+    successor_id: str | None = None
+    status: str | None = None  # the belief's status after it: live | stale | superseded
+    heuristic: bool | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReflectionStaled(Event):
+    """A belief's newest support fell behind the user's stream by the staleness
+    horizon (stale=True), or a revalidation found fresh support (stale=False).
+    occurred_at is valid time: when the stream passed the horizon."""
+    TYPE: ClassVar[str] = "ReflectionStaled"
+    reflection_id: str
+    stale: bool
+    supported_at: str  # valid time of the belief's newest support
+    horizon_days: float
+    cause: str  # the episode that moved the stream past the horizon, or the revalidating cycle
+
+
 RECORDS: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -184,6 +236,9 @@ RECORDS: dict[str, type[Event]] = {
         ReflectionReinforced,
         ReflectionInvalidated,
         ReflectionCycleCompleted,
+        ChallengeRequested,
+        ReflectionChallenged,
+        ReflectionStaled,
     )
 }
 assert tuple(RECORDS) == EVENT_TYPES

@@ -26,7 +26,7 @@ from typing import Any
 
 
 from processors.accumulator import Accumulator, Trigger, admit
-from schemas import ContractError, ReflectionCreated, ReflectionCycleCompleted, decode
+from schemas import ContractError, ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted, decode
 from streams.client import ReflectClient, ReflectError
 from streams.sample import History, history
 from streams.security import client_options
@@ -91,6 +91,8 @@ class Followed:
     questions: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     outcomes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     usage: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    challenged: set[str] = dataclasses.field(default_factory=set)  # challenge cycles (not known ahead)
+    verdicts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 async def _follow(settings: Settings, seen: Followed) -> None:
@@ -115,6 +117,9 @@ async def _follow(settings: Settings, seen: Followed) -> None:
                     seen.usage.update({k: v for k, v in event.usage.items() if isinstance(v, (int, float))})
                 elif isinstance(event, ReflectionCreated):
                     seen.created.add(event.reflection_id)
+                elif isinstance(event, ReflectionChallenged) and event.cycle_id not in seen.challenged:
+                    seen.challenged.add(event.cycle_id)
+                    seen.verdicts[event.verdict or event.outcome] += 1
     finally:
         await consumer.stop()
 
@@ -137,7 +142,9 @@ async def _stream(settings: Settings, hist: History, api: ReflectClient, expecte
             progress.show("projecting", min(stats.episodes, total), total)
             if stats.episodes >= total:
                 progress.show("reflecting", len(seen.cycles), expected)
-                if len(seen.cycles) >= expected and stats.reflections >= len(seen.created):
+                # Challenge cycles are not known ahead: done when every request asked is done too.
+                if len(seen.cycles) >= expected and stats.reflections >= len(seen.created) and \
+                        stats.raw["requests_done"] >= stats.raw["requests"]:
                     return seen
             if time.monotonic() > deadline:
                 raise TimeoutError(f"demo not finished in {TIMEOUT:.0f} s: {stats}, "
@@ -186,6 +193,7 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
             "questions": dict(seen.questions.most_common(20)),
             "insights": {"created": seen.kept, "reinforced": seen.reinforced, "dropped": seen.dropped},
             "outcomes": dict(seen.outcomes), "usage": dict(seen.usage),
+            "challenges": {"cycles": len(seen.challenged), "verdicts": dict(seen.verdicts)},
             "reasoner": settings.reasoner, "embedder": settings.embedder, "beliefs": beliefs,
             "patterns": scores, "score": f"{sum(s['found'] for s in scores)}/{len(scores)}",
             "seconds": round(time.monotonic() - started, 1)}

@@ -33,6 +33,13 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < float("inf"):
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
 def _unit(raw: str) -> float:
     value = float(raw)
     if not 0.0 <= value <= 1.0:
@@ -330,6 +337,19 @@ SPECS: tuple[Spec, ...] = (
     Spec("grounding_min_cosine", "REFLECT_GROUNDING_MIN_COSINE", "", _optional_cosine,
          "Cosine a cited item needs to support a new belief; fewer than citation_floor such items and the "
          "insight is dropped (empty: the embedder's own, minilm 0.35, e5-small 0.85, hashing 0.05)."),
+    Spec("challenge", "REFLECT_CHALLENGE", "off", _choice("on", "off"),
+         "The contradiction gate: new episodes that bear on a live belief ask for a challenge cycle (holds, "
+         "refined or contradicted)."),
+    Spec("challenge_min_score", "REFLECT_CHALLENGE_MIN_SCORE", "", _optional_cosine,
+         "Cosine (to a belief's text or nearest evidence) at which an episode challenges the belief "
+         "(empty: the embedder's own, minilm 0.6, hashing 0.32)."),
+    Spec("challenge_quorum", "REFLECT_CHALLENGE_QUORUM", "3", _positive_int,
+         "Episodes bearing on one belief at which it is challenged (more for a well-supported belief: half "
+         "its support, at most 16)."),
+    Spec("challenge_daily", "REFLECT_CHALLENGE_DAILY", "10", _positive_int,
+         "Challenge cycles one user may be asked per day of the user's valid time (UTC); the rest wait."),
+    Spec("stale_after_days", "REFLECT_STALE_AFTER_DAYS", "0", _non_negative_float,
+         "Days of the user's valid time past a belief's newest support after which it is stale (0: never)."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -434,6 +454,11 @@ class Settings:
     cycle_wait: float
     recall_min_score: float
     grounding_min_cosine: float | None
+    challenge: str
+    challenge_min_score: float | None
+    challenge_quorum: int
+    challenge_daily: int
+    stale_after_days: float
     threshold: float
     min_episodes: int
     salience_cut: float

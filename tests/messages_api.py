@@ -38,7 +38,7 @@ def error(status: int, kind: str = "api_error") -> tuple[int, dict]:
 
 def _numbered(tag: str, text: str) -> list[str]:
     block = re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.S)
-    return [line.split(". ", 1)[1] for line in block.group(1).split("\n")] if block else []
+    return [line.split(". ", 1)[1] for line in block.group(1).split("\n") if ". " in line] if block else []
 
 
 class OfflineModel:
@@ -61,6 +61,11 @@ class OfflineModel:
         statements, questions = _numbered("statements", data), _numbered("questions", data)
         if tool == "record_questions":
             answer = {"questions": offline.questions(statements)[0]}
+        elif tool == "record_verdict":  # the challenge prompt: belief, its evidence, the newer statements
+            belief = re.search(r"<belief>\n(.*?)\n</belief>", data, re.S).group(1)
+            verdict = offline.verdict(belief, _numbered("evidence", data), statements)[0]
+            answer = {"verdict": verdict.verdict, "citations": list(verdict.cited), "statement": verdict.statement,
+                      "reason": verdict.reason}
         elif questions:  # the batched prompt
             answer = {"insights": [{"question": q, "text": i.text, "citations": list(i.citations)}
                                    for q, question in enumerate(questions, start=1)

@@ -84,14 +84,14 @@ def settled(worker, settings, events, users) -> bool:
                 (recorded[u] - retracted[u], retracted[u], asked[u]):
             return False
     requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)}
-    completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
-                 if e["type"] == "ReflectionCycleCompleted"}
+    completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # a challenge's audit
+                 if e["type"] in ("ReflectionCycleCompleted", "ReflectionChallenged")}     # is ReflectionChallenged
     return requests <= completed
 
 
 def run(broker, tmp, name: str, batch: int, restart_at: int | None) -> dict:
     settings = make_settings(broker.url, tmp / name, threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                             projector_batch=batch, session_timeout=6.0)
+                             projector_batch=batch, session_timeout=6.0, challenge="on")
     users = users_by_partition(2, settings.partitions)
     events = history(users)
     asyncio.run(ensure_topics(settings))

@@ -87,8 +87,9 @@ def of(events: list[dict], kind: str, **fields: Any) -> list[dict]:
 
 
 async def provoke_and_follow(s) -> tuple[list, list[dict]]:
-    """Two threshold cycles (the second reinforces the first one's belief), then a
-    retraction of cited evidence: weakened belief, revalidation cycle."""
+    """Two threshold cycles (the second reinforces the first one's belief, and
+    the episodes between them challenge it: it holds), then a retraction of
+    cited evidence: weakened belief, revalidation cycle."""
     messages, events, ids = [], [], set()
 
     async def follow():
@@ -139,21 +140,26 @@ async def provoke_and_follow(s) -> tuple[list, list[dict]]:
 def test_a_plain_consumer_validates_every_reflection_event_against_the_published_schemas(settings, worker):
     # max_depth=1: beliefs are not evidence for beliefs, so the second cycle's
     # insight can only reinforce the first one's (same depth) or be dropped.
-    s = replace(settings, threshold=2.0, min_episodes=4, max_depth=1)
+    s = replace(settings, threshold=2.0, min_episodes=4, max_depth=1, challenge="on")  # the gate's events too
     run(ensure_topics(s))
     worker(s)
     messages, events = run(provoke_and_follow(s))
 
     validate = load_validator(SCHEMAS)
     assert all(validate(e) for e in events)  # each was validated as it came; again, explicitly
-    assert {e["type"] for e in events} == {"ReflectionCreated", "ReflectionReinforced",
-                                           "ReflectionInvalidated", "ReflectionCycleCompleted"}
+    assert {e["type"] for e in events} == {"ReflectionCreated", "ReflectionReinforced", "ReflectionInvalidated",
+                                           "ReflectionCycleCompleted", "ReflectionChallenged"}
     assert all(m.key.decode() == json.loads(m.value)["user_id"] == USER for m in messages)  # keyed by user
 
     [created, *_] = of(events, "ReflectionCreated")
     reinforced = of(events, "ReflectionReinforced", reflection_id=created["reflection_id"])
-    assert reinforced and reinforced[0]["cycle_id"] == f"{USER}:2"
-    assert set(reinforced[0]["added_evidence_ids"]) <= {f"{USER}-{n}" for n in range(4, 8)}
+    # The same theme on new evidence: the contradiction gate challenges the belief (it holds, and the
+    # challenge cycle reinforces it), and the second threshold cycle's near-duplicate insight may too.
+    assert reinforced and {r["cycle_id"].split(":")[1] for r in reinforced} <= {"2", "challenge"}
+    assert all(set(r["added_evidence_ids"]) <= {f"{USER}-{n}" for n in range(4, 8)} for r in reinforced)
+    challenged = of(events, "ReflectionChallenged")
+    assert challenged and all((c["outcome"], c["verdict"], c["heuristic"], c["status"]) == ("ok", "holds", True, "live")
+                              for c in challenged)
     [invalidated] = of(events, "ReflectionInvalidated", reflection_id=created["reflection_id"])
     assert invalidated["cause"] == created["evidence_ids"][0] and invalidated["status"] == "weakened"
     assert invalidated["path"] == [invalidated["cause"], created["reflection_id"]]

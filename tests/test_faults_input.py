@@ -34,7 +34,7 @@ from referencing import Registry, Resource
 import schemas
 from conftest import Worker, committed_offsets, read_topic, run, wait_for
 from schemas import ContractError, decode
-from processors.dlq import ON_EPISODES, ON_REFLECTIONS
+from processors.dlq import ON_EPISODES, ON_REFLECTIONS, ON_REQUESTS
 from streams.broker import free_port
 from streams.settings import Settings
 from streams.topics import ensure_topics
@@ -207,7 +207,7 @@ def test_the_deepest_event_decode_accepts_is_stored_read_and_served(tmp_path):
 
 # ------------------------------------------------------------------ the broker side
 
-ACCEPTS = {"episodes": ON_EPISODES, "reflections": ON_REFLECTIONS, "requests": (schemas.ReflectionRequested,)}
+ACCEPTS = {"episodes": ON_EPISODES, "reflections": ON_REFLECTIONS, "requests": ON_REQUESTS}
 
 
 @dataclass

@@ -25,7 +25,8 @@ from processors.embedders import HashingEmbedder
 from processors.projector import point_id
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
-from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionCycleCompleted, decode
+from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionChallenged, ReflectionCreated,
+                     ReflectionCycleCompleted, decode)
 from streams.pipeline.policy import PROBE_USER, Backoff
 from streams.runtime import Runtime
 from streams.settings import Settings
@@ -109,7 +110,8 @@ class Witness:
                 if getattr(decode(v), "cycle_id", None) == cycles[0]]
         beliefs = [point_id("reflection", user, e.reflection_id) for e in made if isinstance(e, ReflectionCreated)]
         held = self.view.get(beliefs)
-        if not dead and not any(isinstance(e, ReflectionCycleCompleted) for e in made):
+        # A challenge cycle's audit record is its ReflectionChallenged.
+        if not dead and not any(isinstance(e, (ReflectionCycleCompleted, ReflectionChallenged)) for e in made):
             return f"cycle {cycles[0]} was completed on the log"
         return [f"belief {pid} of cycle {cycles[0]} was in the view" for pid in beliefs if pid not in held]
 
@@ -136,7 +138,7 @@ def start(tmp: Path, batch: int = 256, embedder=None) -> Run:
     """A memory worker over a fresh Edge view in `tmp`; build it inside the
     event loop that runs it (the runtime's locks belong to one loop)."""
     settings = Settings.load(env={}, data_dir=str(tmp), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                             projector_batch=batch)
+                             projector_batch=batch, challenge="on")  # the contradiction gate in every run
     view = SharedView(EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim))
     faulty = FaultyView(view)
     runtime = memory_runtime(settings, faulty, embedder or HashingEmbedder(), OfflineReasoner(), TINY)

@@ -36,6 +36,15 @@ EXAMPLES = [
                                      questions=("q1", "q2", "q3"), kept=2, dropped=1, duration_ms=12.5,
                                      outcome="ok", reasoner="offline",
                                      usage={"calls": 4, "input_tokens": 0, "output_tokens": 0}),
+    schemas.ChallengeRequested(user_id="alice", cycle_id="alice:challenge:1", reflection_id="r-1",
+                               challenger_ids=("ep-7", "ep-8"), similarity=0.71, sequence=4),
+    schemas.ReflectionChallenged(user_id="alice", cycle_id="alice:challenge:1", reflection_id="r-1",
+                                 challenger_ids=("ep-7", "ep-8"), outcome="ok", reasoner="offline",
+                                 usage={"calls": 0, "input_tokens": 0, "output_tokens": 0}, duration_ms=1.5,
+                                 verdict="contradicted", cited_ids=("ep-7", "ep-8"), successor_id="r-9",
+                                 status="superseded", heuristic=True, reason="1: contradicted"),
+    schemas.ReflectionStaled(user_id="alice", reflection_id="r-1", stale=True, supported_at=T, horizon_days=30.0,
+                             cause="ep-9"),
 ]
 
 

@@ -107,6 +107,15 @@ def test_payload_only_point_is_stored_and_not_searchable(make_view):
     assert view.search("alice", unit(7), k=3) == []
 
 
+def test_vectors_of_points_that_have_one(make_view):
+    view = make_view()
+    view.upsert([point(1), point(2), ViewPoint(pid(3), None, {"user_id": "alice", "kind": "episode"})])
+    view.strip([pid(2)], {"status": "retracted"}, drop=["text"])
+    got = view.vectors([pid(1), pid(2), pid(3), pid(99)])
+    assert list(got) == [pid(1)] and np.allclose(got[pid(1)], unit(1), atol=1e-6)  # stored as float32
+    assert view.vectors([]) == {}
+
+
 def test_scroll_pages_through_one_user(make_view):
     view = make_view()
     view.upsert([point(i, "alice" if i % 3 else "bob") for i in range(1200)])

@@ -21,10 +21,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from processors.accumulator import Accumulator
+from processors.challenger import refused_challenge, run_challenge
 from processors.guard import Spend, day_of, tokens_of
 from processors.projector import ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
-from schemas import Event, ReflectionRequested
+from schemas import ChallengeRequested, Event, ReflectionRequested
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
@@ -74,10 +75,15 @@ class RequestsPipeline(Runner):
         """One cycle's events, already in the view; refused when a budget is
         spent or the breaker is open."""
         runtime = self.runtime
-        reason = runtime.budget.refusal(*(s.today(today()) for s in self.spent(request, partition))) or \
-            runtime.breaker.refusal(asyncio.get_running_loop().time())
+        spent = [s.today(today()) for s in self.spent(request, partition)]
+        if isinstance(request, ChallengeRequested):  # challenges get half of each budget: they never starve cycles
+            spent = [2 * tokens for tokens in spent]
+        reason = runtime.budget.refusal(*spent) or runtime.breaker.refusal(asyncio.get_running_loop().time())
         if reason:
-            return [refused(request, runtime.reasoner, reason)]
+            refusal = refused_challenge if isinstance(request, ChallengeRequested) else refused
+            return [refusal(request, runtime.reasoner, reason)]
+        if isinstance(request, ChallengeRequested):  # a challenge cycle counts against the same budgets
+            return await asyncio.to_thread(self.challenge, request)
         recent = Accumulator.from_dict(runtime.tables.accumulators.get(request.user_id)).recent
         return await asyncio.to_thread(self.steps, request, recent)
 
@@ -110,6 +116,13 @@ class RequestsPipeline(Runner):
         made = metrics.traced_cycle(run_cycle)(request, window, runtime.view, runtime.embedder,
                                                runtime.reasoner, self.config)
         self.project(made)  # the beliefs in the view before the log goes on
+        return made
+
+    def challenge(self, request: ChallengeRequested) -> list[Event]:
+        """A challenge cycle, then its events into the view (blocking: off the loop)."""
+        runtime = self.runtime
+        made = run_challenge(request, runtime.view, runtime.embedder, runtime.reasoner, self.config)
+        self.project(made)
         return made
 
     async def mark_done(self, request: ReflectionRequested, partition: int) -> None:

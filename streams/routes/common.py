@@ -305,6 +305,15 @@ def choice_query(request: Request, name: str, options: tuple[str, ...], default:
     return value
 
 
+def list_query(request: Request, name: str, options: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated choice of `options` (`?include=stale,superseded`), in the order of `options`."""
+    given = [v for v in request.query.get(name, "").split(",") if v]
+    wrong = [v for v in given if v not in options]
+    if wrong:
+        raise ApiError(422, "invalid", f"each must be one of {', '.join(options)}, got {wrong[0]!r}", name)
+    return tuple(o for o in options if o in given)
+
+
 def time_query(request: Request, name: str) -> str | None:
     raw, parsed = _parsed_query(request, name, parse_time, "an RFC 3339 time")
     if raw is not None and parsed.tzinfo is None:

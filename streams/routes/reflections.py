@@ -1,4 +1,6 @@
-"""Explain a belief: it (any status) with its provenance tree down to the episodes."""
+"""Explain a belief: it (any status) with its provenance tree down to the
+episodes, and, where a challenge changed it, the chain: belief → challenger
+episodes → successor (or the belief it superseded)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def explained(view, user_id: str, reflection_id: str, max_depth: int) -> dict[st
     found = get("reflection", reflection_id)
     if found is None:
         return None
-    return {"belief": belief(found), "provenance": provenance.tree(get, "reflection", reflection_id, max_depth)}
+    return {"belief": belief(found), "provenance": provenance.tree(get, "reflection", reflection_id, max_depth),
+            **({"chain": chained} if (chained := provenance.chain(get, found)) else {})}
 
 
 class Explain(View):

@@ -34,6 +34,8 @@ class Stats(View):
             "high_salience": acc.high_salience,
             "cycles": acc.cycles,  # threshold cycles, as v1 readers know it; every kind below
             "cycles_by_kind": {why: acc.asked_by.get(why, 0) for why in CYCLE_KINDS} | acc.asked_by,
+            # Every request asked (threshold, revalidation, manual, challenge) and those whose cycle is done.
+            "requests": acc.asked, "requests_done": ctx.tables.requests_done.get(user_id) or 0,
             "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
             "last_cycle": ctx.tables.last_cycle.get(user_id) or None,  # what it made, or why nothing
         })
