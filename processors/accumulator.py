@@ -124,7 +124,8 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 
 def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
     """The request with the user's next sequence number."""
-    by_why = {**acc.asked_by, request.why: acc.asked_by.get(request.why, 0) + 1}
+    why = getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
+    by_why = {**acc.asked_by, why: acc.asked_by.get(why, 0) + 1}
     latest = request.occurred_at if acc.asked_at is None or parse_time(request.occurred_at) > parse_time(acc.asked_at) \
         else acc.asked_at
     acc = replace(acc, asked=acc.asked + 1, asked_by=by_why, asked_at=latest)

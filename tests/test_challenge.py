@@ -11,6 +11,7 @@ story on the real broker is tests/test_challenge_flow.py.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from processors.challenge import (LABELED, bearings, closed, gather, judge_one, 
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
-from schemas import (ChallengeRequested, ReflectionChallenged, ReflectionCreated, ReflectionReinforced)
+from schemas import ChallengeRequested, ReflectionChallenged, ReflectionCreated, ReflectionReinforced, parse_time
 from streams.settings import Settings
 from streams.pipeline.policy import Backoff
 
@@ -177,20 +178,26 @@ def test_a_belief_goes_stale_at_the_horizon_in_valid_time_and_comes_back_on_fres
     runtime, view = run_story(tmp_path / "whole", events, stale_after_days=30)
     staled = [e for e in logged(runtime, ReflectionStaled)]
     gone = [e for e in staled if e.stale]
+    # What must go stale, by the definition applied to the state just before other-9: every live belief
+    # whose newest support is over 30 days older than other-9 (day 31), the first cycle's among them (their
+    # newest support: polars-8, 03-02 17:00; + 30 days is 04-01 17:00, after other-8 at 04-01 09:00).
+    cut = next(i for i, e in enumerate(events) if getattr(e, "episode_id", None) == "other-9")
+    _, before = run_story(tmp_path / "before", events[:cut], stale_after_days=30)
+    horizon = parse_time("2026-04-02T09:00:00Z") - timedelta(days=30)
+    due = {r for r, p in beliefs(before).items() if p["status"] == "live" and parse_time(p["supported_at"]) < horizon}
     first = {r for r, p in beliefs(view).items() if p["cycle_id"] == f"{USER}:1"}
-    assert {e.reflection_id for e in gone} == first
-    # Newest support 2026-03-02 17:00 (polars-8); + 30 days is 04-01 17:00, between other-8 (day 30, 04-01
-    # 09:00) and other-9 (day 31): the episode that moved the stream past the horizon.
+    went = {e.reflection_id for e in gone}
+    assert first <= due and went == due
     assert {e.cause for e in gone} == {"other-9"} and {e.occurred_at for e in gone} == {"2026-04-02T09:00:00Z"}
     # Revalidated: a challenge by the user's recent episodes newer than its support, up to the cause.
     revalidations = [r for r in runtime.outlets.requests.events() if r.cycle_id.startswith(f"{USER}:refresh:")]
-    assert {r.reflection_id for r in revalidations} == first
+    assert {r.reflection_id for r in revalidations} == went
     assert all(isinstance(r, ChallengeRequested) and r.challenger_ids[-1] == "other-9" for r in revalidations)
     back = [e for e in staled if not e.stale]
-    assert back and {e.reflection_id for e in back} <= first  # fresh support (day 40 on) brought them back
+    assert back and {e.reflection_id for e in back} <= went  # fresh support (day 40 on) brought them back
     held = beliefs(view)
     assert all(held[e.reflection_id]["status"] == "live" for e in back)
-    assert all(held[r]["status"] == "stale" for r in first - {e.reflection_id for e in back})
+    assert all(held[r]["status"] == "stale" for r in went - {e.reflection_id for e in back})
     _, small = run_story(tmp_path / "small", events, batch=3, stale_after_days=30)  # a replay in other batches
     keys = ("status", "supported_at", "stale_at", "refreshed_at", "evidence_ids", "support")
     assert {r: {k: p.get(k) for k in keys} for r, p in held.items()} == \

@@ -25,7 +25,7 @@ from processors.challenger import refused_challenge, run_challenge
 from processors.guard import Spend, day_of, tokens_of
 from processors.projector import ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
-from schemas import ChallengeRequested, Event, ReflectionRequested
+from schemas import ChallengeRequested, Event, ReflectionCycleCompleted, ReflectionRequested
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
@@ -102,7 +102,8 @@ class RequestsPipeline(Runner):
         for key, s in zip(spend_keys(request, partition), self.spent(request, partition)):
             write(runtime.tables.spend, partition, key, s.charged(today(), tokens_of(completed.usage)).to_dict())
         runtime.tally.add(completed)
-        write(runtime.tables.last_cycle, partition, request.user_id, summary(completed))
+        if isinstance(completed, ReflectionCycleCompleted):  # a challenge is told by its own event
+            write(runtime.tables.last_cycle, partition, request.user_id, summary(completed))
         metrics.cycle(completed)
         if completed.outcome in ("failed", "unavailable", "refused"):
             log.warning("cycle %s %s: %s", request.cycle_id, completed.outcome, completed.error,
