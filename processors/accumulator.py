@@ -122,9 +122,21 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
     return number(acc, replace(manual, window_episode_ids=_window(acc), window_reflection_ids=()))
 
 
+def kind_of(request) -> str:
+    return getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
+
+
+def unnumbered(acc: Accumulator, requests: list) -> Accumulator:
+    """`acc` as before `requests` were numbered (to number them again later)."""
+    by_why = dict(acc.asked_by)
+    for request in requests:
+        by_why[kind_of(request)] -= 1
+    return replace(acc, asked=acc.asked - len(requests), asked_by={k: n for k, n in by_why.items() if n})
+
+
 def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
     """The request with the user's next sequence number."""
-    why = getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
+    why = kind_of(request)
     by_why = {**acc.asked_by, why: acc.asked_by.get(why, 0) + 1}
     latest = request.occurred_at if acc.asked_at is None or parse_time(request.occurred_at) > parse_time(acc.asked_at) \
         else acc.asked_at

@@ -165,8 +165,11 @@ class _Api:
                                 body={"reason": reason}))
 
     def reflect(self, user: str) -> Accepted:
-        """Ask for a manual reflection cycle now; `.cycle_id` names it."""
-        return self._send(_Call("POST", _user(user, "reflect"), Accepted.from_json))
+        """Ask for a manual reflection cycle now; `.cycle_id` names it. The
+        request is named before the first try, so a retry asks for the same
+        cycle (the worker forwards a manual cycle id once)."""
+        return self._send(_Call("POST", _user(user, "reflect"), Accepted.from_json,
+                                body={"request_id": uuid.uuid4().hex}))
 
     # -- reads ---------------------------------------------------------------------------------------------
 

@@ -164,15 +164,16 @@ class Ownership:
         self.watermarks.advance(self.runtime.view.name, offsets)
 
     async def _catch_up(self, p: int) -> None:
+        """Transient failures are retried (and reported as a stalled stage);
+        a deterministic one leaves the partition not whole — its reads 503 and
+        /healthz names it — rather than answer from a view that lacks events."""
         try:
             await self.runtime.policy.until_done(f"catch-up[{p}]", lambda: self._replay(p))
-        except asyncio.CancelledError:
-            raise
         except Exception:
-            # A deterministic failure of the replay itself: say so, and serve
-            # what the view holds rather than stall the partition for good.
-            log.exception("catching up partition %d failed; its reads may miss what it lacks", p)
-        self._catching.pop(p, None)
+            log.exception("catching up partition %d failed: its reads answer 503 until a restart", p)
+            return
+        finally:
+            self._catching.pop(p, None)
         event = self.whole.get(p)
         if event is not None:
             event.set()

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import replace
 
+import httpx
 import pytest
 from aiohttp import web
 
@@ -105,6 +106,18 @@ def test_client_sync_and_async_against_a_worker(settings, worker, monkeypatch, c
         last = wait_for(lambda: reflect.stats("ann").raw["last_cycle"], 30, "the manual cycle's outcome in stats")
         assert (last["cycle_id"], last["why"], last["created"] + last["reinforced"]) == (manual, "manual", 0)
         assert last["why_nothing"]  # two unrelated live episodes: nothing a belief could rest on, and it says so
+
+        # A retried request (same request_id) is the same cycle, forwarded once; a later one shows it was not counted.
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        same = [httpx.post(f"{api}/v1/users/ann/reflect", json={"request_id": "again-1"}, headers=headers).json()
+                for _ in range(2)]
+        assert same[0]["cycle_id"] == same[1]["cycle_id"] == "ann:manual:again-1"
+        httpx.post(f"{api}/v1/users/ann/reflect", json={"request_id": "again-2"}, headers=headers)
+        counted = wait_for(lambda: (lambda n: n if n >= 3 else None)(reflect.stats("ann").cycles_by_kind["manual"]),
+                           30, "the later manual cycle counted")
+        assert counted == 3
+        bad = httpx.post(f"{api}/v1/users/ann/reflect", json={"request_id": "no spaces"}, headers=headers)
+        assert (bad.status_code, bad.json()["error"]["field"]) == (422, "request_id")
 
 
 class Refusing:

@@ -27,7 +27,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from processors.accumulator import Accumulator, Trigger, admit, number
+from processors.accumulator import Accumulator, Trigger, admit, number, unnumbered
 from processors.challenge import GATE_SCORE, gather
 from processors.gate import asked, bearing_of
 from processors.staleness import first_stale, went_stale
@@ -152,7 +152,7 @@ class EpisodesPipeline(Runner):
         asks (at a quorum: processors/challenge.py), are a function of the
         log, not of batch sizes or timing."""
         acc = changed[user]
-        acc = replace(acc, asked=acc.asked - len(fired))  # numbered again below, after the gate's own
+        acc = unnumbered(acc, fired)  # numbered again below, after the gate's own
         settings = self.runtime.settings
         while (self.gate or self.horizon) and run:
             await self.cycles_settled(user, acc.asked)
