@@ -38,6 +38,7 @@ from streams.security import client_options
 
 log = logging.getLogger("reflect")
 _PARTITIONER = DefaultPartitioner()
+BROKER_CALL_TIMEOUT = 15.0  # seconds a catch-up waits for the broker's answer to one call
 
 
 def partition_of(user_id: str, partitions: int) -> int:
@@ -184,11 +185,14 @@ class Ownership:
         settings, runtime = self.runtime.settings, self.runtime
         consumer = AIOKafkaConsumer(**client_options(settings), group_id=settings.app_id,
                                     enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100)
-        await consumer.start()
         try:
+            # Bounded: seen hanging after a SIGKILL's rebalance; a timeout is
+            # transient, so the policy retries with a fresh consumer.
+            await asyncio.wait_for(consumer.start(), BROKER_CALL_TIMEOUT)
             view = runtime.view.name
             tps = [TopicPartition(t, p) for t in self.topics]
-            spans = {tp: (self.watermarks.get(view, tp), await consumer.committed(tp) or 0) for tp in tps}
+            spans = {tp: (self.watermarks.get(view, tp),
+                          await asyncio.wait_for(consumer.committed(tp), BROKER_CALL_TIMEOUT) or 0) for tp in tps}
             spans = {tp: span for tp, span in spans.items() if span[0] < span[1]}
             if not spans:
                 return
