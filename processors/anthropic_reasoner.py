@@ -135,6 +135,17 @@ def numbered(statements: Sequence[str]) -> str:
     return _block("statements", statements)
 
 
+IMPORTANCE = re.compile(r"^\[(\d+(?:\.\d+)?)\] ")
+
+
+def weighed(statements: Sequence[str], importance: Sequence[float] | None) -> list[str]:
+    """Each statement with its importance in front, `[0.62] …`, as the
+    questions prompt reads them (short: it is paid for on every cycle)."""
+    if importance is None:
+        return list(statements)
+    return [f"[{w:.2f}] {s}" for s, w in zip(statements, importance)]
+
+
 def _block(tag: str, items: Sequence[str]) -> str:
     lines = (f"{i}. {_escaped(s)}" for i, s in enumerate(items, start=1))
     return f"<{tag}>\n" + "\n".join(lines) + f"\n</{tag}>"
@@ -196,7 +207,8 @@ class AnthropicReasoner:
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:
-        data, usage = self._ask("questions.md", n, numbered(statements), QUESTIONS_TOOL, self.max_tokens)
+        data, usage = self._ask("questions.md", n, numbered(weighed(statements, importance)), QUESTIONS_TOOL,
+                                self.max_tokens)
         questions = data.get("questions")
         if not isinstance(questions, list):
             raise ReasonerError("answer has no list of questions")

@@ -2,19 +2,22 @@
 
 A reasoner sees statements as numbered data and answers with questions, or
 with insights that cite statement numbers; `reflection.judge` then decides
-what survives. The offline reasoner needs no network and no key: it finds
-terms shared by several statements and states them as a recurring theme,
-citing exactly the statements that contain the term — it cannot cite what it
-was not shown, and it never follows text inside a statement.
+what survives. The offline reasoner needs no network and no key: it is an
+extractive pattern finder that groups statements by meaning and restates each
+recurring group's most representative statement, citing exactly that group.
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
+import numpy as np
+
+from processors.embedders import Embedder, HashingEmbedder
+from processors.extractive import (MEMBER_MARGIN, THEME_CUT, asked, belief_text, beliefs_text, core_of, generalized,
+                                   is_belief, question_about, routine, salient, themes)
 from processors.reflection import Insight
 
 if TYPE_CHECKING:
@@ -66,70 +69,77 @@ class Reasoner(Protocol):
         ...
 
 
-_WORD = re.compile(r"[a-z][a-z0-9_-]{3,}")
-_STOP = frozenset("""
-about after again also always another because been before being between both could does doing
-done during each every from further have having here into itself just like made make many more
-most much must never only other over same should some such than that their them then there
-these they this those through under until very want wants wanted were what when where which
-while will with would your user users agent episode said says asked asks today yesterday
-often together
-""".split())  # the last line: words of the offline reasoner's own insights
-
-
-def _terms(text: str) -> list[str]:
-    """Sorted: a set's order follows the process's string hashing, and ties
-    below are broken in this order, so the same statements give the same
-    insight in every process."""
-    return sorted({w for w in _WORD.findall(text.lower()) if w not in _STOP})
-
-
-def _shared_terms(statements: Sequence[str]) -> list[tuple[str, list[int]]]:
-    """Terms found in ≥ 2 statements, most widespread first: (term, 1-based numbers)."""
-    where: dict[str, list[int]] = {}
-    for number, text in enumerate(statements, start=1):
-        for term in _terms(text):
-            where.setdefault(term, []).append(number)
-    shared = [(t, ns) for t, ns in where.items() if len(ns) >= 2]
-    shared.sort(key=lambda item: (-len(item[1]), item[0]))
-    return shared
-
-
 class OfflineReasoner:
-    name = "offline"
-    prompt_version = "offline-v1"
+    """An extractive pattern finder, not a language model: it groups
+    statements by meaning (the worker's embedder), asks about what recurs in
+    different words, and states the evidence that says what the question says
+    as its most representative statement, citing exactly those episodes. It
+    cannot cite what it was not shown, and text inside a statement is only
+    ever quoted."""
+
+    name = "offline-extractive"
+    prompt_version = "extractive-v2"
     batched = False  # it makes no calls, so there is nothing to save
+    dated = True  # the reflector passes when each statement occurred: a belief says over what period
+
+    def __init__(self, embedder: Embedder | None = None, cut: float | None = None) -> None:
+        self.embedder = embedder or HashingEmbedder()
+        self.cut = cut if cut is not None else THEME_CUT.get(self.embedder.name, 0.45)
+        self.member_cut = self.cut + MEMBER_MARGIN.get(self.embedder.name, 0.0)
+        self._known: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def _vectors(self, statements: Sequence[str]) -> np.ndarray:
+        """One text at a time, remembered: a text's vector never depends on the
+        batch it came in (padding changes the float rounding), so the grouping
+        is the same in every process and every replay."""
+        cores = [core_of(s) for s in statements]
+        with self._lock:
+            for text in dict.fromkeys(cores):
+                if text not in self._known:
+                    if len(self._known) >= MEMORY:
+                        self._known.pop(next(iter(self._known)))  # the oldest: a FIFO bound
+                    self._known[text] = self.embedder.embed([text])[0]
+            return np.array([self._known[c] for c in cores], dtype=np.float32).reshape(len(cores), self.embedder.dim)
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:
-        # Salient = recurring in what mattered: terms of ≥ 2 statements, ranked by
-        # the mean importance of the statements that hold them, then by count.
-        weights = importance or [1.0] * len(statements)
-        held: dict[str, list[float]] = {}
-        for text, weight in zip(statements, weights):
-            for term in _terms(text):
-                held.setdefault(term, []).append(weight)
-        ranked = sorted((t for t, ws in held.items() if len(ws) >= 2),
-                        key=lambda t: (-sum(held[t]) / len(held[t]), -len(held[t]), t))
-        return [f"What recurs in the user's records about {t}?" for t in ranked[:n]], Usage()
+        vectors = self._vectors(statements)
+        picked = salient(statements, vectors @ vectors.T, self.cut, importance or [0.0] * len(statements), n)
+        return [question_about(statements[said] if said is not None else generalized(statements[i]), usual)
+                for i, usual, said in picked], Usage()
 
-    def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]:
-        asked = _terms(question)
-        shared = _shared_terms(statements)
-        shared.sort(key=lambda item: item[0] not in asked)  # the asked-about term first (stable)
-        out: list[Insight] = []
-        seen: set[tuple[int, ...]] = set()
-        for term, numbers in shared:
-            cited = tuple(numbers[:8])
-            if cited in seen:
+    def insights(self, question: str, statements: Sequence[str], n: int = 5,
+                 dates: Sequence[str] | None = None) -> tuple[list[Insight], Usage]:
+        """One insight per coherent group of the evidence that answers the
+        question (its members as close to the question, on average, as to
+        each other): the members that say what the group's representative
+        says, cited exactly. Routine is stated only when asked about. An
+        earlier belief in the group is repeated verbatim, citing the group's
+        episodes and never itself, so the reflector reinforces it instead of
+        keeping a near-copy; two or more earlier beliefs in one group make a
+        belief about them, citing them (one level up)."""
+        vectors, question_ = self._vectors(statements), asked(question)
+        target = self._vectors([question_.about])[0]
+        out = []
+        for theme in themes(statements, vectors, self.cut):
+            if float(np.mean(vectors[list(theme.members)] @ target)) < self.cut:
                 continue
-            seen.add(cited)
-            companions = Counter(t for i in cited for t in _terms(statements[i - 1]) if t != term)
-            also = [t for t, c in sorted(companions.items(), key=lambda tc: (-tc[1], tc[0]))[:3] if c >= 2]
-            out.append(Insight(f"Often together: {', '.join([term, *also])}.", cited))
-            if len(out) == n:
-                break
-        return out, Usage()
+            members = [m for m in theme.members if float(vectors[m] @ vectors[theme.first]) >= self.member_cut]
+            held = [m for m in members if is_belief(statements[m])]
+            if len(held) >= 2:  # earlier beliefs from different evidence agree: a belief about them
+                out.append(Insight(beliefs_text(len(held), core_of(statements[theme.first])),
+                                   tuple(m + 1 for m in held)))
+                continue
+            cited = tuple(m + 1 for m in members if not is_belief(statements[m]))
+            if len(cited) < 2 or (not question_.usual and routine([statements[c - 1] for c in cited])):
+                continue
+            # An earlier belief this group repeats is said verbatim: the
+            # reflector then reinforces it instead of keeping a near-copy.
+            said = statements[held[0]] if held else question_.belief
+            when = [dates[c - 1] for c in cited] if dates else ()
+            out.append(Insight(said or belief_text(len(cited), generalized(statements[theme.first]), when), cited))
+        return out[:n], Usage()
 
     def verdict(self, belief: str, evidence: Sequence[str], challengers: Sequence[str]) -> tuple["Answer", Usage]:
         from processors.challenge import offline_verdict  # its own module: the heuristic, labeled as such
@@ -137,9 +147,13 @@ class OfflineReasoner:
         return offline_verdict(belief, evidence, challengers), Usage()
 
 
-def make_reasoner(settings) -> Reasoner:
+MEMORY = 8192  # statement vectors the offline reasoner keeps
+
+
+def make_reasoner(settings, embedder: Embedder | None = None) -> Reasoner:
+    """The offline reasoner groups by meaning with the worker's own embedder."""
     if settings.reasoner == "offline":
-        return OfflineReasoner()
+        return OfflineReasoner(embedder)
     from processors.anthropic_reasoner import AnthropicReasoner
 
     return AnthropicReasoner.from_settings(settings)

@@ -275,13 +275,19 @@ def _insights(reasoner: Reasoner, asked, n: int):
     answers, usage = [], Usage()
     for question, evidence in asked:
         try:
-            insights, used = reasoner.insights(question, [c.text for c in evidence], n)
+            insights, used = reasoner.insights(question, [c.text for c in evidence], n, **_dated(reasoner, evidence))
         except Exception as exc:
             exc.spent = usage  # the calls before this one were billed: the budget counts them
             raise
         answers.append((question, evidence, insights))
         usage += used
     return answers, usage
+
+
+def _dated(reasoner: Reasoner, evidence) -> dict:
+    """When each statement occurred, for a reasoner that says over what period
+    a pattern recurs (`dated`); the others are asked exactly as before."""
+    return {"dates": [c.occurred_at for c in evidence]} if getattr(reasoner, "dated", False) else {}
 
 
 # Support at which a belief's confidence is one half: a belief at the citation

@@ -70,11 +70,11 @@ def faust_app(settings: Settings) -> faust.App:
 def create_app(settings: Settings) -> Runtime:
     app = faust_app(settings)
     metrics.configure_tracing(settings, app)
+    embedder = make_embedder(settings.embedder)
     try:
-        reasoner = make_reasoner(settings)
+        reasoner = make_reasoner(settings, embedder)
     except ValueError as exc:
         raise SettingsError(f"invalid setting reasoner ({exc})") from None
-    embedder = make_embedder(settings.embedder)
     try:
         view = open_view(settings, embedder.dim)
     except EmbedderMismatch as exc:  # a setting that does not fit the view: said in one line, no traceback

@@ -29,6 +29,7 @@ from processors.accumulator import Accumulator, Trigger, admit
 from schemas import ContractError, ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted, decode
 from streams.client import ReflectClient, ReflectError
 from streams.sample import History, history
+from streams.score import ABOUT, MIN_CITED, MIN_PRECISION, score
 from streams.security import client_options
 from streams.settings import Settings
 
@@ -45,20 +46,6 @@ def expected_cycles(hist: History, settings: Settings) -> int:
                                                occurred_at=e.occurred_at), trigger)
         cycles += request is not None
     return cycles
-
-
-def score(hist: History, beliefs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per planted pattern: is it found (some live belief cites ≥ 2 of its episodes)?"""
-    out = []
-    for pattern in hist.patterns:
-        members = set(pattern.episode_ids)
-        best = max(beliefs, key=lambda b: len(members & set(b["evidence_ids"])), default=None)
-        cited = len(members & set(best["evidence_ids"])) if best else 0
-        out.append({"pattern": pattern.name, "description": pattern.description, "found": cited >= 2,
-                    "episodes": len(members), "cited": cited,
-                    "belief": best["reflection_id"] if best and cited else None,
-                    "precision": round(cited / len(best["evidence_ids"]), 3) if best and cited else 0.0})
-    return out
 
 
 class Progress:
@@ -156,13 +143,27 @@ async def _stream(settings: Settings, hist: History, api: ReflectClient, expecte
             await follower
 
 
+# The demo replays three months of one user in minutes, all of it charged to
+# today: a day's per-user token budget (REFLECT_USER_DAILY_TOKENS, 200,000)
+# would refuse its last cycles on the Anthropic path (~200,000 tokens for the
+# 2,100 episodes against the stand-in server). Unless set, the demo allows this.
+DEMO_USER_TOKENS = 1_000_000
+
+
+def demo_budget(settings: Settings, args: argparse.Namespace, env) -> Settings:
+    if getattr(args, "user_daily_tokens", None) is None and not env.get("REFLECT_USER_DAILY_TOKENS"):
+        return dataclasses.replace(settings, user_daily_tokens=DEMO_USER_TOKENS)
+    return settings
+
+
 def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
     from streams.broker import EmbeddedBroker, free_port
     from streams.stack import stack_settings
 
     started = time.monotonic()
     args.port = free_port()
-    settings, _ = stack_settings(args, env={k: v for k, v in os.environ.items() if k != "REFLECT_BROKER"})
+    env = {k: v for k, v in os.environ.items() if k != "REFLECT_BROKER"}
+    settings = demo_budget(stack_settings(args, env=env)[0], args, env)
     expected = expected_cycles(hist, settings)
     with tempfile.TemporaryDirectory(prefix="reflect-demo-") as tmp, EmbeddedBroker(kind="tansu") as broker:
         settings = dataclasses.replace(settings, broker=broker.url, data_dir=tmp, app_id="reflect-demo")
@@ -188,14 +189,16 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait(10)
-    scores = score(hist, beliefs)
+    from processors.embedders import make_embedder
+
+    scored = score(hist, beliefs, make_embedder(settings.embedder))
     return {"user_id": hist.user_id, "episodes": len(hist.episodes), "cycles": expected,
             "questions": dict(seen.questions.most_common(20)),
             "insights": {"created": seen.kept, "reinforced": seen.reinforced, "dropped": seen.dropped},
             "outcomes": dict(seen.outcomes), "usage": dict(seen.usage),
             "challenges": {"cycles": len(seen.challenged), "verdicts": dict(seen.verdicts)},
             "reasoner": settings.reasoner, "embedder": settings.embedder, "beliefs": beliefs,
-            "patterns": scores, "score": f"{sum(s['found'] for s in scores)}/{len(scores)}",
+            "patterns": scored.pop("patterns"), "score": scored,
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -208,9 +211,12 @@ def render(result: dict[str, Any], hist: History, shown: int = 10, per_belief: i
         f"depth {d}: {sum(b['depth'] == d for b in beliefs)}" for d in depths) +
         f") from {result['cycles']} cycles; insights created {result['insights']['created']}, "
         f"reinforcing a belief {result['insights']['reinforced']}, dropped {result['insights']['dropped']}.\n"]
+    matched = {p["belief"]: p for p in result["patterns"] if p["belief"]}
     for n, b in enumerate(beliefs[:shown], start=1):
+        p = matched.get(b["reflection_id"])
+        about = f"; matches {p['pattern']}" + ("" if p["found"] else " (not found: see below)") if p else ""
         lines.append(f"{n:2}. {b['text']}\n    confidence {b['confidence']}, depth {b['depth']}, "
-                     f"cites {len(b['evidence_ids'])}:")
+                     f"cites {len(b['evidence_ids'])}{about}:")
         for eid in b["evidence_ids"][:per_belief]:
             when, text = texts.get(eid, ("?", "(not in the sample)"))
             lines.append(f"      - {when}  {text[:110]}")
@@ -218,17 +224,21 @@ def render(result: dict[str, Any], hist: History, shown: int = 10, per_belief: i
             lines.append(f"      … and {len(b['evidence_ids']) - per_belief} more")
     if len(beliefs) > shown:
         lines.append(f"    … and {len(beliefs) - shown} more beliefs (--json prints all)")
-    lines.append("\nPlanted patterns (found = some live belief cites at least 2 of its episodes):")
+    lines.append(f"\nPlanted patterns (found = a live belief cites ≥ {MIN_CITED} of its episodes, precision "
+                 f"≥ {MIN_PRECISION}, and says it: cosine to the description ≥ {ABOUT} with MiniLM):")
     for s in result["patterns"]:
         mark = "found  " if s["found"] else "MISSED "
-        lines.append(f"  {mark}{s['pattern']:<20} best belief cites {s['cited']} of its {s['episodes']} "
-                     f"episodes (precision {s['precision']:.2f})")
+        lines.append(f"  {mark}{s['pattern']:<20} best belief cites {s['cited']:>2} of its {s['episodes']} "
+                     f"episodes, precision {s['precision']:.2f}, about it {s['about']:.2f}")
     if result["usage"].get("calls"):
         used = result["usage"]
         lines.append(f"\nReasoner: {used['calls']} calls, {used.get('input_tokens', 0)} input / "
                      f"{used.get('output_tokens', 0)} output / {used.get('cached_tokens', 0)} cached tokens, "
                      f"about ${used.get('cost_usd', 0):.4f}; cycles by outcome {result['outcomes']}.")
-    lines.append(f"\nScore: {result['score']} patterns found, in {result['seconds']} s.")
+    score_ = result["score"]
+    lines.append(f"\nScore: {score_['found']}/{score_['of']} patterns found; {score_['beliefs']} live beliefs, "
+                 f"{score_['noise']} noise (resting mostly on background), {score_['duplicates']} duplicates; "
+                 f"in {result['seconds']} s.")
     return "\n".join(lines)
 
 

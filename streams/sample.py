@@ -45,6 +45,8 @@ FILL = {
     "symptom": ("token refresh", "login redirects", "session expiry", "SSO callbacks", "password reset links"),
     "job": ("deploy", "migration", "nightly job", "build", "backfill"),
     "kind": ("worker", "container", "build", "application", "scheduler"),
+    "day": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday"),
+    "weekday": ("Monday", "Tuesday", "Wednesday", "Thursday"),
     "bug": ("duplicate charge", "missing row", "timezone shift", "encoding error", "race condition",
             "wrong total", "empty response"),
 }
@@ -63,31 +65,97 @@ BACKGROUND = (
     "Fixed a small bug in {sub} ({small}).",
     "Paired with the user on {sub}; {pair}.",
     "Added type hints to the {sub} {thing}.",
-    "Listed open issues in {sub} for the user; there were {n}.",
     "Profiled the {sub} {thing}; most time went into {hot}.",
     "Removed {n} lines of dead code from {sub}.",
     "Drafted a short design note on {topic} for {sub}.",
     "Put the new {sub} {feature} behind a feature flag.",
-    "Moved shared helpers from {sub} into a common package used by {sub2}.",
+    "Set up a read replica for the {sub} database; queries now go there.",
+    "Wrote a migration that adds a {new} column to the {sub} tables.",
+    "Explained to the user how the {sub} {thing} handles {topic}.",
+    "Cleaned up {n} stale branches left over from the {sub} work.",
+    "Renamed the {sub} environment variables to follow one prefix.",
+    "Answered a question from support about {sub} {feature}.",
+    "Tuned the {sub} connection pool from 10 to {mins} connections.",
+    "Split the {sub} settings into one file per environment.",
+    "Archived {n} old tickets about {sub} that nobody had touched in a year.",
+    "Added a dashboard panel for {sub} request latency.",
+    "Translated the {sub} error messages into German and French.",
+    "Measured the {sub} page weight: {n} KB, mostly images.",
+    "Wrote a small script to export {sub} metrics to a spreadsheet for the user.",
+    "Sketched the API for the {sub} {feature} on the whiteboard with the user.",
+    "Upgraded the {sub} Docker base image to a slimmer one.",
+    "Estimated the {sub} {feature} at {mins} story points with the user.",
+    "Recorded a short screencast of the {sub} {feature} for the changelog.",
+    "Replaced the {sub} cron entry with a scheduled task in the job runner.",
+    "Checked the {sub} licence headers; {n} files were missing one.",
+    "Configured the {sub} alerts to page only during working hours.",
+    "Added pagination to the {sub} admin list of {new}.",
+    "Compared two {dep} releases for the {sub} service and picked the older one.",
+    "Backfilled {n} missing rows in the {sub} reporting table.",
+    "Helped the user write the {sub} section of the quarterly plan.",
+    "Made the {sub} {thing} configurable through a single settings object.",
+    "Cached the {sub} exchange rates for an hour to save API calls.",
+    "Reviewed the {sub} accessibility report; {n} contrast issues to fix.",
+    "Moved the {sub} secrets into the vault and rotated them.",
+    "Added structured fields to the {sub} request records.",
+    "Opened a ticket with the vendor about the {sub} webhook signatures.",
+    # The planted patterns' words, in episodes that are not the patterns.
+    "Added an automatic retry with backoff to the {sub} HTTP client.",
+    "Rotated the {sub} log files and trimmed the logs older than {n} days.",
+    "Updated the auth documentation to {doc}.",
+    "Reverted a whitespace-only commit in {sub} at the user's request; nothing else changed.",
+    "Wrote {n} new unit tests for the {sub} {thing}; all of them pass.",
+    "Deployed {sub} to staging on {day}; the smoke tests passed.",
+    "Shipped the {sub} {feature} to production on {weekday} without issues.",
+    "Reviewed the auth/{file} pull request with the user; it was approved.",
+    "The flaky {sub} test failed once in CI and passed on the second run.",
+    "Fixed the failing lint step in the {sub} pipeline ({lint}).",
+    "Planned the {day} demo of the {sub} {feature} with the team.",
+    "Looked at the {kind} logs of {sub} to size the disk usage; {n} MB a day.",
 )
+# Each pattern: its description (what a belief should say) and paraphrases
+# with no fixed vocabulary: no word but the topic's own recurs in every one.
 PATTERNS = {
     "reverts-touch-auth": ("Every reverted pull request touched the auth subsystem.", (
         "Reverted pull request #{pr}: the change to auth/{file} broke {symptom}.",
-        "The user reverted PR #{pr} because its edit to auth/{file} broke {symptom}.",
-        "Pull request #{pr} was reverted; it modified the auth subsystem ({file}) and broke {symptom}.")),
+        "The user rolled back PR #{pr}; its edit to the authentication code ({file}) broke {symptom}.",
+        "PR #{pr} was backed out after {symptom} stopped working; the diff had touched auth/{file}.",
+        "Undid the merge of #{pr}: it changed how sign-in works in {file} and {symptom} failed.",
+        "The user asked to revert #{pr} because its login changes in {file} broke {symptom}.",
+        "Another rollback, #{pr}: a tweak to the auth layer in {file} left {symptom} broken.",
+        "#{pr} had to be reverted: {symptom} broke after it modified the authentication module.",
+        "We reverted the change to auth/{file} from PR #{pr}; {symptom} was failing in production.")),
     "logs-before-retry": ("The user always asks to see the logs before retrying a failed job.", (
         "Before retrying the failed {job} of {sub}, the user asked to see the {kind} logs first.",
         "The {sub} {job} failed; the user wanted the {kind} logs before any retry.",
-        "The user would not retry the {sub} {job} until the {kind} logs had been read.")),
+        "The user would not rerun the {sub} {job} until the {kind} output had been read.",
+        "{sub} {job} broke again; the user said to pull the {kind} logs before kicking it off again.",
+        "No blind restart of the {sub} {job}: the user first wanted to read what the {kind} printed.",
+        "When the {job} in {sub} crashed, the user insisted on reading the {kind} logs before trying again.",
+        "The user held off on rerunning the {sub} {job} until we had gone through its {kind} logs.",
+        "Asked to retry the {sub} {job}, the user first wanted the failure's {kind} log output.")),
     "failing-test-first": ("When debugging, the user first writes a failing test that reproduces the bug.", (
         "Before fixing the {bug} in {sub}, the user wrote a failing test that reproduces it.",
-        "The user reproduced the {bug} in {sub} with a failing test first, then fixed it.",
-        "A failing test reproducing the {bug} in {sub} came first; the fix followed.")),
+        "The user reproduced the {bug} in {sub} with a red test first, then fixed it.",
+        "A test that fails on the {bug} in {sub} came first; the fix followed.",
+        "The user would not touch the {sub} code for the {bug} until a test showed it failing.",
+        "For the {bug} in {sub}, the user started by writing a test case that catches it.",
+        "The user captured the {sub} {bug} in a regression test before changing any code.",
+        "First a failing test for the {bug}, then the patch: the user's way of fixing {sub}.",
+        "The {bug} in {sub} got a reproducing test before the user let anyone write the fix.")),
     "no-friday-deploys": ("The user refuses to deploy on Fridays.", (
         "The user postponed the {sub} deploy: no deploys on a Friday.",
-        "It is Friday, so the user postponed the {sub} deploy to Monday.",
-        "The user declined to deploy {sub} on a Friday and postponed it to next week.")),
+        "It is Friday, so the user moved the {sub} release to Monday.",
+        "The user declined to ship {sub} today because it is the end of the week.",
+        "No production push for {sub} this Friday: the user wants it out on Monday morning.",
+        "The user held back the {sub} rollout until after the weekend.",
+        "We were ready to release {sub}, but the user said not on a Friday.",
+        "The {sub} deployment was pushed to next week; the user never ships on Fridays.",
+        "End of the week again, so the user kept {sub} off production until Monday.")),
 }
+# How many episodes each pattern gets: one spread thinly over the three months.
+PLANTED = {"no-friday-deploys": (15, 18), "reverts-touch-auth": (34, 42), "logs-before-retry": (34, 42),
+           "failing-test-first": (34, 42)}
 
 
 @dataclass(frozen=True)
@@ -132,15 +200,20 @@ def _times(rng: random.Random, start: date, episodes: int) -> list[datetime]:
     return out
 
 
+def _importance(rng: random.Random) -> float:
+    """One distribution for every episode: being a pattern says nothing of importance."""
+    return round(min(0.95, max(0.1, rng.gauss(0.48, 0.16))), 2)
+
+
 def history(seed: int = 7, episodes: int = 2100, user_id: str = "maya", start: str = "2026-06-01") -> History:
     rng = random.Random(seed)
     times = _times(rng, date.fromisoformat(start), episodes)
     ids = [f"demo-{k + 1:04d}" for k in range(episodes)]
     fridays = [k for k, t in enumerate(times) if t.weekday() == 4]
     chosen: dict[int, str] = {}
-    for name in ("no-friday-deploys", "reverts-touch-auth", "logs-before-retry", "failing-test-first"):
+    for name, (low, high) in PLANTED.items():
         pool = [k for k in (fridays if name == "no-friday-deploys" else range(episodes)) if k not in chosen]
-        for k in _spread(rng, pool, min(rng.randint(32, 42), len(pool) // 2)):
+        for k in _spread(rng, pool, min(rng.randint(low, high), len(pool) // 2)):
             chosen[k] = name
     out: list[SampleEpisode] = []
     pr = 300
@@ -151,14 +224,9 @@ def history(seed: int = 7, episodes: int = 2100, user_id: str = "maya", start: s
         fields.update(sub=sub, sub2=sub2, pr=pr, n=rng.randint(3, 400), secs=rng.randint(4, 90),
                       mins=rng.randint(3, 25))
         name = chosen.get(k)
-        if name is None:
-            text = rng.choice(BACKGROUND).format(**fields)
-            importance = min(0.7, max(0.1, rng.gauss(0.45, 0.13)))
-        else:
-            text = rng.choice(PATTERNS[name][1]).format(**fields)
-            importance = rng.uniform(0.6, 0.95)
-        out.append(SampleEpisode(ids[k], t.strftime("%Y-%m-%dT%H:%M:%SZ"), text, round(importance, 2),
-                                 "coding-agent", name))
+        text = rng.choice(PATTERNS[name][1] if name else BACKGROUND).format(**fields)
+        out.append(SampleEpisode(ids[k], t.strftime("%Y-%m-%dT%H:%M:%SZ"), text[0].upper() + text[1:],
+                                 _importance(rng), "coding-agent", name))
     patterns = tuple(Pattern(name, description, tuple(ids[k] for k in sorted(chosen) if chosen[k] == name))
                      for name, (description, _) in PATTERNS.items())
     return History(user_id, tuple(out), patterns)

@@ -50,17 +50,27 @@ class OfflineModel:
 
     MIN_CACHED = 1024
 
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-
-    def __call__(self, body: dict) -> tuple[int, dict]:
+    def __init__(self, embedder=None) -> None:
         from processors.reasoners import OfflineReasoner
 
-        offline, tool = OfflineReasoner(), body["tool_choice"]["name"]
+        self.seen: set[str] = set()
+        self.offline = OfflineReasoner(embedder)  # v2, with the worker's embedder when given
+        self.lock = threading.Lock()  # the server answers each request on its own thread
+
+    def __call__(self, body: dict) -> tuple[int, dict]:
+        with self.lock:
+            return self._answer(body)
+
+    def _answer(self, body: dict) -> tuple[int, dict]:
+        from processors.anthropic_reasoner import IMPORTANCE
+
+        offline, tool = self.offline, body["tool_choice"]["name"]
         data, system = body["messages"][0]["content"], body["system"][0]["text"]
         statements, questions = _numbered("statements", data), _numbered("questions", data)
-        if tool == "record_questions":
-            answer = {"questions": offline.questions(statements)[0]}
+        if tool == "record_questions":  # statements carry their importance in front
+            weights = [float(m.group(1)) if (m := IMPORTANCE.match(s)) else 0.0 for s in statements]
+            statements = [IMPORTANCE.sub("", s) for s in statements]
+            answer = {"questions": offline.questions(statements, importance=weights)[0]}
         elif tool == "record_verdict":  # the challenge prompt: belief, its evidence, the newer statements
             belief = re.search(r"<belief>\n(.*?)\n</belief>", data, re.S).group(1)
             verdict = offline.verdict(belief, _numbered("evidence", data), statements)[0]

@@ -16,14 +16,21 @@ current).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import tempfile
 import time
 
 import pytest
 
 from conftest import wait_for
+from memory_worker import MemoryWorker, memory_runtime
+from processors.embedders import make_embedder
+from processors.reasoners import make_reasoner
+from processors.view import EdgeView
 from processors.accumulator import Accumulator, Trigger, admit
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
 from streams.producer import Publisher
+from streams.settings import Settings
 from streams.topics import ensure_topics
 from test_faults_crash import (Workers, beliefs_of, episode_stream, episodes_of, make_settings, read_events,
                                users_by_partition, view_snapshot)
@@ -33,20 +40,42 @@ pytestmark = pytest.mark.integration
 PER_USER, THRESHOLD, MIN_EPISODES = 120, 15.0, 10
 
 
-def history(users) -> list:
-    """Each user: a retraction of its episode 6 (an auth revert beliefs cite)
-    after its 70th episode, a manual cycle after its 95th, and a retraction of
-    its episode 24 right after it, which revalidation cycles of the first
-    retraction and the manual cycle race unless they are ordered."""
+def history(users, settings=None) -> list:
+    """Each user: a retraction of an episode a belief cites after its 70th
+    episode, a manual cycle after its 95th, and a retraction of its episode 24
+    right after it, which revalidation cycles of the first retraction and the
+    manual cycle race unless they are ordered. `settings`: the worker's (by
+    default this test's trigger on the defaults)."""
     stream, n = episode_stream(users, PER_USER), len(users)
+    settings = settings or Settings.load(env={}, threshold=THRESHOLD, min_episodes=MIN_EPISODES)
+    cited = cited_by_then(stream[:70 * n], settings, users)
 
     def each(make):
         return [make(u) for u in users]
-    first = each(lambda u: EpisodeRetracted(user_id=u, episode_id=f"{u}-6", occurred_at="2026-06-01T10:10:30Z"))
+    first = each(lambda u: EpisodeRetracted(user_id=u, episode_id=cited[u], occurred_at="2026-06-01T10:10:30Z"))
     asked = each(lambda u: ReflectionRequested(event_id=f"request:{u}:manual:m1", user_id=u, why="manual",
                                                cycle_id=f"{u}:manual:m1", occurred_at="2026-06-01T10:35:30Z"))
     second = each(lambda u: EpisodeRetracted(user_id=u, episode_id=f"{u}-24", occurred_at="2026-06-01T10:35:40Z"))
     return stream[:70 * n] + first + stream[70 * n:96 * n] + asked + second + stream[96 * n:]
+
+
+def cited_by_then(stream, settings, users) -> dict[str, str]:
+    """Per user, the first episode of the stream that a live belief cites once
+    `stream` is reflected on: the same pipeline, reasoner and embedder in
+    memory (tests/memory_worker.py), so the retraction reaches a belief
+    whatever the reasoner finds, and the history is fixed before either run."""
+    embedder = make_embedder(settings.embedder)
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = dataclasses.replace(settings, data_dir=tmp)
+        view = EdgeView(settings.view_dir, settings.view, embedder.dim)
+        try:
+            asyncio.run(MemoryWorker(memory_runtime(settings, view, embedder, make_reasoner(settings, embedder)))
+                        .run(list(stream)))
+            cites = {u: {e for _, p in view.scroll(u, kind="reflection", status="live")
+                         for e in p.get("evidence_ids", ())} for u in users}
+        finally:
+            view.close()
+    return {u: next(e.episode_id for e in stream if e.user_id == u and e.episode_id in cites[u]) for u in users}
 
 
 def as_set(payload: dict) -> dict:
@@ -93,7 +122,7 @@ def run(broker, tmp, name: str, batch: int, restart_at: int | None) -> dict:
     settings = make_settings(broker.url, tmp / name, threshold=THRESHOLD, min_episodes=MIN_EPISODES,
                              projector_batch=batch, session_timeout=6.0, challenge="on")
     users = users_by_partition(2, settings.partitions)
-    events = history(users)
+    events = history(users, settings)
     asyncio.run(ensure_topics(settings))
     (tmp / name).mkdir(parents=True, exist_ok=True)
     workers = Workers(tmp / name)

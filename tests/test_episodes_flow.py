@@ -186,7 +186,7 @@ def test_reflection_cycle_forms_cited_beliefs_scoped_to_the_user(settings, worke
     created = [m for m in run(_read_until_cycles(s, 2)) if m["type"] == "ReflectionCreated"]
     assert created
     for belief in created:
-        assert len(belief["evidence_ids"]) >= 2 and belief["depth"] == 1 and belief["reasoner"] == "offline"
+        assert len(belief["evidence_ids"]) >= 2 and belief["depth"] == 1 and belief["reasoner"] == "offline-extractive"
         assert all(e.startswith(belief["user_id"] + "-") for e in belief["evidence_ids"])
 
 

@@ -8,7 +8,7 @@ from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
 from processors.reasoners import OfflineReasoner, Usage
 from processors.reflection import Insight
-from processors.reflector import CycleConfig, run_cycle, window_records
+from processors.reflector import CycleConfig, cycle_window, run_cycle, window_records
 from processors.view import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionReinforced, ReflectionRequested, decode
 
@@ -57,7 +57,9 @@ def test_a_near_duplicate_insight_reinforces_the_live_belief(stack):
     reflections.apply(first)
     live = view.count("alice", kind="reflection", status="live")
     window += record(episodes, "alice", 12)[8:]
-    second = run_cycle(request("alice", 2), window, view, embedder, OfflineReasoner(), CycleConfig())
+    # The window as the reflector reads it: with the earlier beliefs, which the reasoner repeats.
+    second = run_cycle(request("alice", 2), cycle_window(view, request("alice", 2), window), view, embedder,
+                       OfflineReasoner(), CycleConfig())
     reinforced = [e for e in second if isinstance(e, ReflectionReinforced)]
     assert reinforced and second[-1].reinforced == len(reinforced)
     reflections.apply(second)
@@ -87,8 +89,8 @@ class Broken:
 class Hostile(OfflineReasoner):
     """Answers with out-of-range and single citations, as a model might."""
 
-    def insights(self, question, statements, n=5):
-        good, usage = super().insights(question, statements, n)
+    def insights(self, question, statements, n=5, dates=None):
+        good, usage = super().insights(question, statements, n, dates)
         return [Insight("cite everything", tuple(range(-3, 200))), Insight("single", (1,)),
                 Insight("nothing valid", (0, 99)), *good[:1]], usage
 
@@ -175,11 +177,11 @@ class FailsOnSecondQuestion(OfflineReasoner):
     def questions(self, statements, n=3, importance=None):
         return super().questions(statements, n, importance)[0], Usage(calls=1, input_tokens=100)
 
-    def insights(self, question, statements, n=5):
+    def insights(self, question, statements, n=5, dates=None):
         self.calls += 1
         if self.calls == 2:
             raise TimeoutError("no answer")
-        return super().insights(question, statements, n)[0], Usage(calls=1, input_tokens=50)
+        return super().insights(question, statements, n, dates)[0], Usage(calls=1, input_tokens=50)
 
 
 def test_a_cycle_that_fails_midway_still_reports_the_calls_it_was_billed_for(stack):

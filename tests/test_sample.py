@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import date, datetime, timedelta
 
 import pytest
@@ -10,7 +11,7 @@ from streams.sample import history
 
 H = history()
 START = datetime(2026, 6, 1)
-PATTERN_WORDS = ("revert", "auth", "logs", "retry", "failing test", "reproduc", "friday", "postpone")
+PATTERN_WORDS = ("revert", "auth", "logs", "retry", "test", "fail", "friday", "deploy")
 
 
 def when(occurred_at: str) -> datetime:
@@ -42,16 +43,16 @@ def test_fields_well_formed():
         assert 0.0 <= e.importance <= 1.0 and e.importance == round(e.importance, 2)
 
 
-def test_patterns_are_planted_and_spread():
+def test_patterns_are_planted_and_spread_one_thinly():
     by_id = {e.episode_id: e for e in H.episodes}
     assert {p.name for p in H.patterns} == {"reverts-touch-auth", "logs-before-retry",
                                            "failing-test-first", "no-friday-deploys"}
     for p in H.patterns:
-        assert p.description and 30 <= len(p.episode_ids) <= 45
-        members = [by_id[i] for i in p.episode_ids]
-        assert all(e.pattern == p.name and 0.6 <= e.importance <= 0.95 for e in members)
-        days = [when(e.occurred_at) for e in members]
+        assert p.description and 15 <= len(p.episode_ids) <= 45
+        assert all(by_id[i].pattern == p.name for i in p.episode_ids)
+        days = [when(by_id[i].occurred_at) for i in p.episode_ids]
         assert max(days) - min(days) >= timedelta(days=60)
+    assert min(len(p.episode_ids) for p in H.patterns) <= 18  # thin: one every five or six days
     tagged = sum(e.pattern is not None for e in H.episodes)
     assert tagged == sum(len(p.episode_ids) for p in H.patterns)
 
@@ -61,25 +62,27 @@ def test_friday_pattern_only_on_fridays():
     assert fridays and all(when(e.occurred_at).weekday() == 4 for e in fridays)
 
 
-def test_pattern_key_words():
-    keys = {"reverts-touch-auth": ("revert", "auth"), "logs-before-retry": ("logs", "retr"),
-            "failing-test-first": ("failing test", "reproduc"), "no-friday-deploys": ("friday", "postponed")}
-    for e in H.episodes:
-        if e.pattern:
-            assert all(k in e.text.lower() for k in keys[e.pattern]), e.text
+@pytest.mark.parametrize("seed", [7, 8])
+def test_patterns_are_paraphrased_at_most_one_content_word_is_in_all_of_a_pattern(seed):
+    for p in history(seed=seed).patterns:
+        texts = [e.text.lower() for e in history(seed=seed).episodes if e.pattern == p.name]
+        words = [set(re.findall(r"[a-z]+", t)) for t in texts]
+        shared = {w for w in set.intersection(*words) if len(w) > 3} - {"user"}  # the subject of all
+        assert len(shared) <= 1, (p.name, shared)  # at most the topic's own word ("test")
+        assert len({t.split()[0] for t in texts}) >= 4  # several openings, not one template
 
 
 @pytest.mark.parametrize("seed", [7, 1, 42])
-def test_background_never_uses_pattern_words(seed):
-    for e in history(seed=seed).episodes:
-        if e.pattern is None:
-            assert not any(w in e.text.lower() for w in PATTERN_WORDS), e.text
+def test_background_uses_the_patterns_words_too(seed):
+    background = " ".join(e.text.lower() for e in history(seed=seed).episodes if e.pattern is None)
+    assert all(w in background for w in PATTERN_WORDS)
 
 
-def test_background_importance_mix():
+def test_importance_says_nothing_of_being_a_pattern():
+    planted = [e.importance for e in H.episodes if e.pattern]
     background = [e.importance for e in H.episodes if e.pattern is None]
-    assert len(background) >= 0.8 * len(H.episodes)
-    assert 0.3 <= sum(i >= 0.5 for i in background) / len(background) <= 0.4
+    assert abs(sum(planted) / len(planted) - sum(background) / len(background)) < 0.05
+    assert 0.3 <= sum(i >= 0.5 for i in background) / len(background) <= 0.6
 
 
 def test_first_week_has_enough_important_episodes():

@@ -57,7 +57,7 @@ import processors.retrieval as retrieval  # noqa: E402
 from conftest import Worker  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
-from processors.reasoners import _shared_terms  # noqa: E402
+from processors.extractive import THEME_CUT, generalized, themes  # noqa: E402
 from processors.reflection import Candidate, Weights, rerank  # noqa: E402
 from processors.retrieval import recall  # noqa: E402
 from processors.view import EdgeView, ViewPoint  # noqa: E402
@@ -182,13 +182,15 @@ def first_reads(users: int, reads: dict, question_of) -> dict[str, list[float]]:
 def synthesize_at_read(view, embedder, user: str, query: str, k: int = 10) -> list[tuple[str, list[str]]]:
     """The baseline: a pattern question answered with no beliefs, by synthesis at
     read time — the top episodes reranked, then grouped by what recurs in them
-    (the offline reasoner's grouping: terms shared by ≥ 2 of them)."""
+    (the offline reasoner's grouping: by meaning, groups of ≥ 2)."""
     vector = embedder.embed([query])[0]
     found = [Candidate(h.payload["episode_id"], "episode", h.payload["text"], float(h.payload.get("importance", 0.0)),
                        h.payload["occurred_at"], int(h.payload.get("depth", 0)), h.score)
              for h in view.search(user, vector, 4 * k, kind="episode", status="recorded")]
     top = rerank(found, datetime.now(timezone.utc), k, RECALL_WEIGHTS)
-    return [(term, [top[i - 1].id for i in numbers]) for term, numbers in _shared_terms([c.text for c in top])]
+    texts = [c.text for c in top]
+    return [(generalized(texts[t.first]), [top[m].id for m in t.members])
+            for t in themes(texts, embedder.embed(texts), THEME_CUT.get(embedder.name, 0.45))]
 
 
 class Clock:

@@ -57,10 +57,10 @@ INSTANCE = [
      "When was {dep} upgraded for {sub}?"),
     (r"Profiled the (?P<sub>\w+) (?P<thing>.+); most time went into (?P<hot>.+)\.",
      "What was slow when we measured the {sub} {thing}?"),
-    (r"Reverted pull request #(?P<pr>\d+): the change to auth/(?P<file>\S+) broke (?P<symptom>.+)\.",
-     "Why was PR {pr} rolled back?"),
-    (r"Listed open issues in (?P<sub>\w+) for the user; there were (?P<n>\d+)\.",
-     "How many issues were open in {sub} when I asked?"),
+    (r"Cleaned up (?P<n>\d+) stale branches left over from the (?P<sub>\w+) work\.",
+     "How many old branches did we delete after the {sub} project?"),
+    (r"Added an automatic retry with backoff to the (?P<sub>\w+) HTTP client\.",
+     "When did the {sub} client start retrying requests on its own?"),
 ]
 PATTERN = {
     "no-friday-deploys": ("Does the user ship releases at the end of the week?",

@@ -1,0 +1,241 @@
+"""The offline reasoner's pure parts: grouping by meaning, routine, and the sentence.
+
+No I/O and no model: similarity matrices and texts in, groups and sentences
+out. Every choice breaks ties by index, so the same statements in the same
+order always give the same groups and the same words.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+# This reasoner's beliefs: a statement, then how often and over what period, or
+# how many beliefs agree; "(4 times, Jun–Aug)." costs a sentence the least of
+# its meaning (MiniLM cosine to the pattern's description, on the sample).
+_MONTH = r"[A-Z][a-z]{2}(?: \d{4})?"
+BELIEF = re.compile(rf"^(.+?)\s\((?:\d+ times?(?:, {_MONTH}(?:–{_MONTH})?)?|in \d+ beliefs)\)\.$", re.S)
+_TOKEN = re.compile(r"\S+")
+_WORDISH = re.compile(r"[^\w]+")
+GAP = "…"
+TEMPLATE = 0.6  # share of a statement's words another repeats, from which both are one template
+
+
+def belief_text(episodes: int, core: str, dates: Sequence[str] = ()) -> str:
+    """What recurs, how often and over what period (when the dates are known)."""
+    when = f", {period(dates)}" if dates else ""
+    return f"{core.rstrip('. ')} ({episodes} time{'s' if episodes != 1 else ''}{when})."
+
+
+def beliefs_text(beliefs: int, core: str) -> str:
+    """A belief about beliefs: several, formed from different evidence, say this."""
+    return f"{core.rstrip('. ')} (in {beliefs} beliefs)."
+
+
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def period(dates: Sequence[str]) -> str:
+    """The months an ISO-dated group spans: "Jun", "Jun–Aug", "Dec 2025–Feb 2026"."""
+    first, last = min(dates), max(dates)
+    (y0, m0), (y1, m1) = (int(first[:4]), int(first[5:7])), (int(last[:4]), int(last[5:7]))
+    if (y0, m0) == (y1, m1):
+        return MONTHS[m0 - 1]
+    if y0 == y1:
+        return f"{MONTHS[m0 - 1]}–{MONTHS[m1 - 1]}"
+    return f"{MONTHS[m0 - 1]} {y0}–{MONTHS[m1 - 1]} {y1}"
+
+
+def core_of(statement: str) -> str:
+    """What a statement says: a belief of this reasoner without its count, else the text."""
+    held = BELIEF.match(statement.strip())
+    return (held.group(1) + "." if held else statement).strip()
+
+
+def is_belief(statement: str) -> bool:
+    return BELIEF.match(statement.strip()) is not None
+
+
+def group(similarity: np.ndarray, cut: float) -> list[list[int]]:
+    """Average-linkage grouping: merge the two most similar groups while their
+    mean pairwise cosine is at least `cut`. Ties go to the lowest indices
+    (numpy's argmax is row-major), so the same input groups the same way."""
+    link = similarity.astype(np.float64).copy()
+    np.fill_diagonal(link, -np.inf)
+    groups: list[list[int] | None] = [[i] for i in range(len(link))]
+    while len(link) > 1:
+        a, b = divmod(int(np.argmax(link)), len(link))
+        if link[a, b] < cut:
+            break
+        a, b = min(a, b), max(a, b)
+        na, nb = len(groups[a]), len(groups[b])
+        merged = (na * link[a] + nb * link[b]) / (na + nb)  # Lance–Williams, average linkage
+        link[a], link[:, a] = merged, merged
+        link[a, a] = -np.inf
+        link[b], link[:, b] = -np.inf, -np.inf
+        groups[a], groups[b] = groups[a] + groups[b], None
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
+
+
+def representative(candidates: Sequence[int], members: Sequence[int], similarity: np.ndarray) -> int:
+    """The candidate that best says what sets its group apart: closest on
+    average to the group's other members, less its closeness on average to
+    the statements outside the group (what the group shares with everything,
+    a subsystem's name say, does not make a sentence representative); ties to
+    the first."""
+    inside = set(members)
+    rest = [i for i in range(len(similarity)) if i not in inside]
+
+    def fit(c: int) -> float:
+        others = [m for m in members if m != c]
+        near = float(similarity[c, others].mean()) if others else 0.0
+        return near - (float(similarity[c, rest].mean()) if rest else 0.0)
+    return max(candidates, key=lambda c: (fit(c), -c))
+
+
+def cohesion(members: Sequence[int], similarity: np.ndarray) -> float:
+    """Mean pairwise cosine of a group's members (1.0 for one member)."""
+    if len(members) < 2:
+        return 1.0
+    inner = similarity[np.ix_(members, members)]
+    return float((inner.sum() - np.trace(inner)) / (len(members) * (len(members) - 1)))
+
+
+def _word(token: str) -> str:
+    return _WORDISH.sub("", token.lower())
+
+
+def words(text: str) -> set[str]:
+    """The words a template keeps: numbers and code identifiers are its values."""
+    return {w for t in _TOKEN.findall(text) for w in [_word(t)] if w and not is_value(_PUNCTUATED.match(t).group(2))}
+
+
+def one_template(a: set[str], b: set[str]) -> bool:
+    """Two statements are one sentence with different values when either
+    repeats most of the other's words."""
+    return bool(a and b) and len(a & b) >= TEMPLATE * min(len(a), len(b))
+
+
+def routine(texts: Sequence[str]) -> bool:
+    """A group is routine when most of its members are one sentence with
+    different values as another member (a log line's template): what recurs
+    is the wording of a record, not something the user does in different
+    ways. A habit is written differently each time it is noticed."""
+    sets = [words(t) for t in texts]
+    copies = sum(any(one_template(a, b) for j, b in enumerate(sets) if j != i) for i, a in enumerate(sets))
+    return len(sets) >= 2 and copies * 2 > len(sets)
+
+
+_IDENTIFIER = re.compile(r"\d|[/_]|\w\.[a-z]{2,}")  # a number, a path, a snake_case or dotted name
+_PUNCTUATED = re.compile(r"^([(\[\"']*)(.*?)([)\]\"':;,.!?]*)$", re.S)
+
+
+def is_value(token: str) -> bool:
+    """Which one, not what: numbers and code identifiers (paths, file and
+    snake_case names) differ between two records of the same habit."""
+    return bool(_IDENTIFIER.search(token))
+
+
+def generalized(core: str) -> str:
+    """A statement with its values elided: numbers and code identifiers say
+    when and which, not what recurs. Every other word is kept: the sentence
+    stays the one the user's agent wrote."""
+    out: list[str] = []
+    for token in _TOKEN.findall(core):
+        head, value, tail = _PUNCTUATED.match(token).groups()
+        if not is_value(value):
+            out.append(token)
+        elif out and out[-1].endswith(GAP) and not head:
+            out[-1] += tail
+        else:
+            out.append(head + GAP + tail)
+    return " ".join(out) or core
+
+
+# Average-linkage cosine at which statements are one theme, per embedder (the
+# similarity bands differ: MiniLM puts paraphrases at ~0.5–0.7 and unrelated
+# sentences at ~0.2, feature hashing at ~0.45 and ~0.1).
+THEME_CUT = {"minilm": 0.45, "hashing": 0.35}
+# How much closer than the theme's cut a statement must be to its group's
+# representative to be cited. With
+# MiniLM, background that shares a pattern's words (another pull request on
+# the same auth file) sits at ~0.4–0.65 from a pattern's sentence, the
+# pattern's own paraphrases at ~0.5–0.75: a bar above the theme's cut keeps
+# most intruders out of what a belief cites (measured on the demo's sample,
+# seeds 7 and 8). Feature hashing only sees shared words: no margin.
+MEMBER_MARGIN = {"minilm": 0.05, "hashing": 0.0}
+
+
+def question_about(core: str, usual: bool = False) -> str:
+    """A question about a statement (its values elided), or about an earlier
+    belief of this reasoner, quoted whole so that its answer can repeat it."""
+    return f"How often does this {'routine ' if usual else ''}recur: {core}"
+
+
+@dataclass(frozen=True)
+class Asked:
+    about: str  # what the question is about: a statement's words
+    usual: bool  # it asks about routine
+    belief: str | None  # the earlier belief it quotes, if any
+
+
+def asked(question: str) -> Asked:
+    """What a question of this reasoner asks; any other question is taken as it stands."""
+    for usual in (True, False):
+        if question.startswith(question_about("", usual)):
+            rest = question.removeprefix(question_about("", usual)).strip()
+            return Asked(core_of(rest), usual, rest if is_belief(rest) else None)
+    return Asked(core_of(question), False, None)
+
+
+def salient(statements: Sequence[str], similarity: np.ndarray, cut: float, importance: Sequence[float],
+            n: int) -> list[tuple[int, bool, int | None]]:
+    """The episodes worth a question, at most n, one per theme, each with
+    whether it is routine and the earlier belief that already says it (the
+    closest within `cut`), if any. First those that are not routine in the
+    window (no other statement is the same sentence with other values), then
+    those no earlier belief says, then those with the most meaning
+    neighbours, then the more important, then the newest. A question about a
+    statement that is not routine is answered only by a group that is not
+    either: its template's copies are a log format, not a pattern. When only
+    routine recurs, routine is what is asked about, and stated."""
+    sets = [words(s) for s in statements]
+    episodes = [i for i, s in enumerate(statements) if not is_belief(s)]
+    beliefs = [i for i, s in enumerate(statements) if is_belief(s)]
+    usual = {i: any(one_template(sets[i], sets[j]) for j in episodes if j != i) for i in episodes}
+    said = {i: max((b for b in beliefs if similarity[i, b] >= cut), key=lambda b: (similarity[i, b], -b), default=None)
+            for i in episodes}
+    near = {i: sum(similarity[i, j] >= cut for j in episodes if j != i and usual[j] == usual[i]) for i in episodes}
+    ranked = sorted(episodes, key=lambda i: (usual[i], said[i] is not None, -near[i], -importance[i], -i))
+    picked: list[int] = []
+    for i in ranked:
+        if len(picked) < n and all(similarity[i, p] < cut for p in picked):
+            picked.append(i)
+    return [(i, usual[i], said[i]) for i in picked]
+
+
+@dataclass(frozen=True)
+class Theme:
+    members: tuple[int, ...]  # 0-based statement indices, ascending
+    first: int  # its representative: an earlier belief among the members if any, else their medoid
+    cohesion: float  # mean pairwise cosine of the members
+
+
+def themes(statements: Sequence[str], vectors: np.ndarray, cut: float) -> list[Theme]:
+    """Groups of ≥ 2 statements that say the same thing, largest and tightest
+    first. An earlier belief in a group is its representative, so a repeat of
+    a pattern restates that belief instead of a copy in other words."""
+    similarity = vectors @ vectors.T
+    out = []
+    for members in group(similarity, cut):
+        if len(members) < 2:
+            continue
+        held = [m for m in members if is_belief(statements[m])]
+        out.append(Theme(tuple(members), representative(held or members, members, similarity),
+                         round(cohesion(members, similarity), 6)))
+    return sorted(out, key=lambda t: (-len(t.members), -t.cohesion, t.members))
+
+
