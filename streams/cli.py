@@ -12,7 +12,7 @@ import signal
 import sys
 
 from schemas import ContractError
-from streams.settings import SPECS, UP_API, UP_PORT, Settings, SettingsError
+from streams.settings import SPECS, TABLE_DOC, UP_API, UP_PORT, Settings, SettingsError
 
 READS = ("explain", "rebuild", "recall", "beliefs", "stats")  # commands against a running API
 
@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     settings = commands.add_parser("settings", parents=[_settings_flags(listed=True)], help=(
         "print the resolved settings, and what reflect up and reflect demo use where they differ"))
     settings.add_argument("--port", type=int, default=None, help="the --port reflect up would be given")
+    settings.add_argument("--markdown", nargs="?", const="-", default=None, metavar="FILE", help=(
+        f"print the settings as the Markdown table of {TABLE_DOC} instead; with FILE, rewrite the table "
+        "between its settings markers in place"))
     token = commands.add_parser("token", help="per-user API tokens (JWT) for the HTTP API")
     token_cmd = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     mint = token_cmd.add_parser("mint", **settings_options, help=(
@@ -211,6 +214,8 @@ def _run(args: argparse.Namespace) -> int:
                      args.host, args.port)
     if args.command in READS:
         return _read(args)
+    if args.command == "settings" and args.markdown:  # what the code defines, whatever this environment sets
+        return _markdown(args.markdown)
     settings = _load(args)
     if args.command == "settings":
         return _print_settings(settings, args)
@@ -252,6 +257,27 @@ def _print_settings(settings: Settings, args: argparse.Namespace) -> int:
         print("\nreflect up uses instead (reflect demo too, with a free port):")
         for env, shown in changed:
             print(f"{env:28} {shown}")
+    return 0
+
+
+def _markdown(target: str) -> int:
+    """The settings table on stdout (target '-'), or written between the markers of the doc at target."""
+    from pathlib import Path
+
+    from streams.settings import markdown_table, with_markdown_table
+
+    if target == "-":
+        print(markdown_table(), end="")
+        return 0
+    try:
+        before = Path(target).read_text("utf-8")
+        after = with_markdown_table(before, markdown_table())
+    except (OSError, ValueError) as exc:
+        print(f"reflect: error: {target}: {exc}", file=sys.stderr)
+        return 2
+    if after != before:
+        Path(target).write_text(after, "utf-8")
+    print(f"{target}: settings table {'rewritten' if after != before else 'already up to date'}")
     return 0
 
 

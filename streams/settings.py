@@ -261,8 +261,8 @@ SPECS: tuple[Spec, ...] = (
          "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
     Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm", "e5-small"),
          "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 int8 ONNX (the minilm extra); "
-         "e5-small: multilingual-e5-small 4-bit (the e5 extra). A view refuses another embedder than "
-         "the one that built it: `reflect rebuild` switches."),
+         "e5-small: multilingual-e5-small 4-bit (the e5 extra; see processors/README.md, \"Embedders\"). A view "
+         "refuses another embedder than the one that built it: `reflect rebuild` switches."),
     Spec("projector_batch", "REFLECT_PROJECTOR_BATCH", "256", _positive_int,
          "Most episodes the projector embeds and upserts in one batch."),
     Spec("projector_within", "REFLECT_PROJECTOR_WITHIN", "0.05", _positive_float,
@@ -280,21 +280,24 @@ SPECS: tuple[Spec, ...] = (
     Spec("web_port", "REFLECT_WEB_PORT", "6066", _positive_int,
          "Port of the worker's HTTP API."),
     Spec("advertised_url", "REFLECT_ADVERTISED_URL", "", _optional_url,
-         "URL the other workers reach this one's API at: a user's reads are forwarded to the worker that owns "
-         "the user's partition (empty: http://<web_host>:<web_port>, the host name when web_host is 0.0.0.0)."),
+         "URL the other workers reach this one's API at, to forward a user's reads to the worker that owns its "
+         "partition (empty: `http://<web_host>:<web_port>`, the host name when web_host is 0.0.0.0)."),
     Spec("api_token", "REFLECT_API_TOKEN", "", _api_token,
-         "Bearer token every API route but /healthz requires, /metrics included (empty: no token)."),
+         "Shared bearer token: an admin credential for every user and route but /healthz and /livez, /metrics "
+         "included (empty: none)."),
     Spec("auth_secret", "REFLECT_AUTH_SECRET", "", _auth_secret,
-         "HS256 secret that signs per-user tokens (`reflect token mint`); 32 bytes at least; never printed."),
+         "HS256 secret (32 bytes at least) that signs per-user tokens (`reflect token mint`) and verifies them; "
+         "never printed."),
     Spec("auth_previous_secret", "REFLECT_AUTH_PREVIOUS_SECRET", "", _auth_secret,
-         "The secret being rotated out: tokens it signed are still accepted (needs auth_secret)."),
+         "The HS256 secret being rotated out: tokens it signed are still accepted (needs `REFLECT_AUTH_SECRET`)."),
     Spec("auth_public_key_file", "REFLECT_AUTH_PUBLIC_KEY_FILE", "", _public_key_file,
-         "PEM public key (RSA: RS256, EC P-256: ES256) that verifies per-user tokens signed elsewhere."),
+         "PEM public key that verifies per-user tokens signed elsewhere: RSA → RS256, EC P-256 → ES256."),
     Spec("auth_previous_public_key_file", "REFLECT_AUTH_PREVIOUS_PUBLIC_KEY_FILE", "", _public_key_file,
-         "The public key being rotated out: tokens it verifies are still accepted (needs auth_public_key_file)."),
+         "The public key being rotated out: tokens it verifies are still accepted (needs "
+         "`REFLECT_AUTH_PUBLIC_KEY_FILE`)."),
     Spec("insecure_no_auth", "REFLECT_INSECURE_NO_AUTH", "false", _flag,
-         "true: start with no authentication even when web_host is not a loopback address (a worker refuses "
-         "to otherwise)."),
+         "true: start with no credential configured although `REFLECT_WEB_HOST` is not a loopback address "
+         "(refused otherwise)."),
     Spec("max_request_bytes", "REFLECT_MAX_REQUEST_BYTES", "1048576", _positive_int,
          "Largest request body the API reads; a larger one is answered 413."),
     Spec("log_format", "REFLECT_LOG_FORMAT", "text", _choice("text", "json"),
@@ -330,26 +333,34 @@ SPECS: tuple[Spec, ...] = (
          "Seconds a blocking read waits for due cycles before it answers, saying it is stale."),
     Spec("cycle_wait", "REFLECT_CYCLE_WAIT", "120.0", _positive_float,
          "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
-         "its request and no further (past it, the retraction goes on and the beliefs may depend on timing)."),
+         "its request and no further (past it, the retraction goes on and those beliefs may depend on timing)."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "", _optional_score,
-         "Hybrid score (cosine + BM25 share, boosted) a belief needs to be served with a pattern "
-         "question's episodes (empty: the embedder's own, minilm and hashing 0.3, e5-small 0.96)."),
+         "Hybrid score (cosine + BM25 share, boosted) a live belief needs to be served for a pattern question, "
+         "ranked together with the episodes (else episodes only); empty: the embedder's own, minilm and hashing "
+         "0.3, e5-small 0.96."),
     Spec("grounding_min_cosine", "REFLECT_GROUNDING_MIN_COSINE", "", _optional_cosine,
-         "Cosine a cited item needs to support a new belief; fewer than citation_floor such items and the "
-         "insight is dropped (empty: the embedder's own, minilm 0.35, e5-small 0.85, hashing 0.05)."),
+         "Cosine a cited item needs to support a new belief by meaning; an insight with fewer than "
+         "`REFLECT_CITATION_FLOOR` such items (instruction-shaped items not counted) is dropped, the reason in "
+         "its cycle's audit event (empty: the embedder's own, minilm 0.35, e5-small 0.85, hashing 0.05 — word "
+         "overlap only)."),
     Spec("challenge", "REFLECT_CHALLENGE", "off", _choice("on", "off"),
-         "The contradiction gate: new episodes that bear on a live belief ask for a challenge cycle (holds, "
-         "refined or contradicted)."),
+         "The contradiction gate: new episodes that bear on a live belief ask for a challenge cycle whose "
+         "verdict is holds (reinforced), refined or contradicted (superseded). Off by default for now: see "
+         "processors/README.md, \"Contradictions and staleness\"."),
     Spec("challenge_min_score", "REFLECT_CHALLENGE_MIN_SCORE", "", _optional_cosine,
-         "Cosine (to a belief's text or nearest evidence) at which an episode challenges the belief "
-         "(empty: the embedder's own, minilm 0.6, hashing 0.32)."),
+         "Cosine, to a belief's text or to the nearest evidence it cites, at which an episode challenges the "
+         "belief (empty: the embedder's own, minilm 0.6, hashing 0.32 — word overlap only)."),
     Spec("challenge_quorum", "REFLECT_CHALLENGE_QUORUM", "3", _positive_int,
-         "Episodes bearing on one belief at which it is challenged (more for a well-supported belief: half "
-         "its support, at most 16)."),
+         "Episodes bearing on one belief at which it is challenged (a belief resting on more evidence waits "
+         "for half its support, at most 16); until then its challengers wait."),
     Spec("challenge_daily", "REFLECT_CHALLENGE_DAILY", "10", _positive_int,
-         "Challenge cycles one user may be asked per day of the user's valid time (UTC); the rest wait."),
+         "Challenge cycles one user may be asked per day of the user's valid time (UTC, so a replay counts "
+         "the same), each belief once a day; the rest wait for a later day. Challenge cycles also count "
+         "against the token budgets."),
     Spec("stale_after_days", "REFLECT_STALE_AFTER_DAYS", "0", _non_negative_float,
-         "Days of the user's valid time past a belief's newest support after which it is stale (0: never)."),
+         "Days of the user's valid time (the latest `occurred_at` of the user's episodes) past a belief's "
+         "newest support after which the belief is stale: served only with `include=stale`, never pinned, "
+         "revalidated over its evidence and the user's recent window (0: never)."),
     Spec("threshold", "REFLECT_THRESHOLD", "15.0", _positive_float,
          "Summed importance since the last cycle that triggers a reflection."),
     Spec("min_episodes", "REFLECT_MIN_EPISODES", "50", _positive_int,
@@ -363,6 +374,37 @@ SPECS: tuple[Spec, ...] = (
     Spec("citation_floor", "REFLECT_CITATION_FLOOR", "2", _positive_int,
          "Fewest valid citations an insight needs to be kept."),
 )
+
+
+# deploy/README.md's "Configuration" table is written from SPECS between these
+# markers (`reflect settings --markdown deploy/README.md`), so it cannot drift.
+TABLE_BEGIN = "<!-- settings:begin -->"
+TABLE_END = "<!-- settings:end -->"
+TABLE_DOC = "deploy/README.md"
+
+
+def markdown_table(specs: tuple[Spec, ...] = SPECS) -> str:
+    """The settings as a Markdown table: variable, flag, default, meaning."""
+    rows = ["| variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
+    rows += [f"| `{s.env}` | `{s.flag}` | {_shown_default(s.default)} | {_cell(s.doc)} |" for s in specs]
+    return "\n".join(rows) + "\n"
+
+
+def _shown_default(default: str) -> str:
+    return f"`{default}`" if default else "(empty)"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a bare | would end the cell
+
+
+def with_markdown_table(doc: str, table: str) -> str:
+    """`doc` with what stands between its table markers replaced by `table`."""
+    if doc.count(TABLE_BEGIN) != 1 or doc.count(TABLE_END) != 1 or doc.index(TABLE_BEGIN) > doc.index(TABLE_END):
+        raise ValueError(f"expected one {TABLE_BEGIN} line, then one {TABLE_END} line")
+    head, rest = doc.split(TABLE_BEGIN)
+    tail = rest.split(TABLE_END)[1]
+    return f"{head}{TABLE_BEGIN}\n\n{table}\n{TABLE_END}{tail}"  # blank lines: a table is its own block
 
 
 def _named(*names: str) -> str:

@@ -4,16 +4,56 @@ from pathlib import Path
 
 import pytest
 
-from streams.settings import SPECS, Settings, SettingsError
+from streams.settings import (SPECS, TABLE_BEGIN, TABLE_DOC, TABLE_END, Settings, SettingsError, markdown_table,
+                              with_markdown_table)
+
+ROOT = Path(__file__).parents[1]
+REGENERATE = f"reflect settings --markdown {TABLE_DOC}"
 
 
-def test_defaults_are_valid_and_documented_in_the_configuration_table():
+def test_defaults_are_valid():
     s = Settings.load(env={})
     assert s.broker == "kafka://127.0.0.1:9092" and s.partitions == 4 and s.qdrant_url is None
     assert s.threshold == 15.0 and s.min_episodes == 50 and s.top_k == 8 and s.max_depth == 2
-    readme = (Path(__file__).parents[1] / "deploy" / "README.md").read_text()  # its "Configuration" table
-    for spec in SPECS:
-        assert f"`{spec.env}`" in readme and spec.flag in readme, spec.env
+
+
+def test_the_configuration_table_is_the_one_the_specs_generate():
+    doc = (ROOT / TABLE_DOC).read_text("utf-8")
+    assert doc == with_markdown_table(doc, markdown_table()), (
+        f"{TABLE_DOC}'s settings table differs from SPECS in streams/settings.py: run `{REGENERATE}` "
+        "to regenerate it")
+
+
+def test_the_table_has_a_row_per_setting_and_replaces_only_what_the_markers_enclose():
+    table = markdown_table()
+    rows = table.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == [f"| `{s.env}`" for s in SPECS]
+    assert "| `REFLECT_QDRANT_URL` | `--qdrant-url` | (empty) |" in table  # an empty default, said so
+    assert "| `REFLECT_PARTITIONS` | `--partitions` | `4` |" in table
+    doc = f"# title\n\nbefore\n{TABLE_BEGIN}\nstale rows\n{TABLE_END}\nafter\n"
+    written = with_markdown_table(doc, table)
+    assert written == f"# title\n\nbefore\n{TABLE_BEGIN}\n\n{table}\n{TABLE_END}\nafter\n"
+    assert with_markdown_table(written, table) == written  # regenerating an up-to-date doc changes nothing
+    for broken in ("no markers", f"{TABLE_END}\n{TABLE_BEGIN}", f"{TABLE_BEGIN}\n{TABLE_BEGIN}\n{TABLE_END}"):
+        with pytest.raises(ValueError, match="settings:begin"):
+            with_markdown_table(broken, table)
+
+
+def test_settings_markdown_prints_the_table_or_rewrites_a_doc(tmp_path, monkeypatch, capsys):
+    from streams.cli import main
+
+    monkeypatch.setenv("REFLECT_PARTITIONS", "zero")  # the table is the code's, whatever the environment says
+    assert main(["settings", "--markdown"]) == 0
+    assert capsys.readouterr().out == markdown_table()
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{TABLE_BEGIN}\n| old |\n{TABLE_END}\n", "utf-8")
+    assert main(["settings", "--markdown", str(doc)]) == 0
+    assert doc.read_text("utf-8") == f"intro\n{TABLE_BEGIN}\n\n{markdown_table()}\n{TABLE_END}\n"
+    assert "rewritten" in capsys.readouterr().out
+    assert main(["settings", "--markdown", str(doc)]) == 0 and "up to date" in capsys.readouterr().out
+    doc.write_text("no markers\n", "utf-8")
+    assert main(["settings", "--markdown", str(doc)]) == 2
+    assert "settings:begin" in capsys.readouterr().err and doc.read_text("utf-8") == "no markers\n"
 
 
 def test_environment_then_flags():
