@@ -13,6 +13,9 @@ carrying the API's error `code` and `field`, or `ReflectUnreachable`.
 
 A write is retried too: `record` names its episode id before the first try,
 so a retry is the same episode again (the view upserts it by id).
+
+`request(method, path)` reaches any route, the API's answer as it is: an
+`Answer` (status, JSON body, headers) whatever the status, sent once.
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 import httpx
 
-from streams.client_results import (Accepted, Belief, Beliefs, Explanation, Forbidden, Health, Invalid, Memory,
-                                    NotFound, PromptBlock, Recall, ReflectApiError, ReflectError, ReflectUnreachable,
-                                    Stats, Unauthorized, Unavailable)
+from streams.client_results import (Accepted, Answer, Belief, Beliefs, Explanation, Forbidden, Health, Invalid,
+                                    Memory, NotFound, PromptBlock, Recall, ReflectApiError, ReflectError,
+                                    ReflectUnreachable, Stats, Unauthorized, Unavailable)
 from streams.settings import UP_API
 
 DEFAULT_API = UP_API  # where `reflect up` serves by default
@@ -42,7 +45,8 @@ CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 READ_ERRORS = (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 
 __all__ = ["ReflectClient", "AsyncReflectClient", "Retry", "api_url", "DEFAULT_API",
-           "Accepted", "Belief", "Beliefs", "PromptBlock", "Memory", "Recall", "Explanation", "Stats", "Health",
+           "Accepted", "Answer", "Belief", "Beliefs", "PromptBlock", "Memory", "Recall", "Explanation", "Stats",
+           "Health",
            "ReflectError", "ReflectUnreachable", "ReflectApiError", "Invalid", "NotFound", "Unauthorized",
            "Forbidden", "Unavailable"]
 
@@ -82,9 +86,10 @@ class _Call:
     path: str
     parse: Callable[[dict[str, Any]], Any]
     params: dict[str, Any] | None = None
-    body: dict[str, Any] | None = None
+    body: Any = None
     visible: "_Call | None" = None  # a read that answers once the write is applied
     wait: float = 0.0  # seconds to wait for it
+    raw: bool = False  # request(): the Answer whatever its status, sent once
 
     def gave_up(self) -> ReflectError:
         return ReflectError(f"{self.path} was accepted, but {self.visible.path} did not answer within {self.wait} s; "
@@ -111,12 +116,16 @@ def _retry_after(answer: httpx.Response) -> float | None:
         return None
 
 
+def _json_of(answer: httpx.Response) -> Any:
+    try:
+        return answer.json()
+    except ValueError:  # a proxy's HTML page, an empty body
+        return None
+
+
 def _outcome(call: _Call, answer: httpx.Response) -> Any:
     """The parsed result of a 2xx, else the error the API named."""
-    try:
-        body = answer.json()
-    except ValueError:
-        body = None
+    body = _json_of(answer)
     if answer.is_success and isinstance(body, dict):
         return call.parse(body)
     raise ReflectApiError.from_answer(answer.status_code, body, _retry_after(answer))
@@ -127,16 +136,17 @@ class _Api:
     async clients differ only in how `_send` carries it out."""
 
     def __init__(self, api: str | None = None, token: str | None = None, *, timeout: float = 30.0,
-                 retry: Retry = Retry()) -> None:
-        self.api, self.retry, self.timeout = api_url(api), retry, timeout
-        token = api_token(token)
+                 retry: Retry = Retry(), env: Mapping[str, str] = os.environ) -> None:
+        # env: where REFLECT_API and REFLECT_API_TOKEN are looked up; {} uses the arguments only.
+        self.api, self.retry, self.timeout = api_url(api, env), retry, timeout
+        token = api_token(token, env)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _send(self, call: _Call) -> Any:
         raise NotImplementedError
 
     def _should_retry(self, call: _Call, attempt: int, failure: BaseException) -> bool:
-        if attempt + 1 >= self.retry.attempts:
+        if call.raw or attempt + 1 >= self.retry.attempts:
             return False
         if isinstance(failure, ReflectApiError):
             return failure.status == RETRIED_STATUS
@@ -214,9 +224,25 @@ class _Api:
     def rebuild_progress(self) -> dict[str, Any]:
         return self._send(_Call("GET", "/v1/admin/rebuild", dict))
 
+    # -- any route -----------------------------------------------------------------------------------------
 
-def _health_any(call: _Call, answer: httpx.Response) -> Any:
-    """/healthz answers 503 with a status body while starting: a result, not an error."""
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                body: Any = None) -> Answer:
+        """One request to any route, e.g. `request("GET", "/v1/reasoner")`: the
+        `Answer` (status, JSON body, headers) whatever its status, so a 4xx or
+        5xx raises nothing and an error body can be read as the API shaped it.
+        Sent once: what a 503 means is the caller's to decide. Raises only
+        `ReflectUnreachable`, when no answer came. `path` goes as written, query
+        included: escape a user id in it yourself (quote(user, safe=""))."""
+        return self._send(_Call(method.upper(), path, dict, params=params, body=body, raw=True))
+
+
+def _result(call: _Call, answer: httpx.Response) -> Any:
+    """What one answer makes of a call: the Answer itself for request(), else
+    the parsed 2xx or the API's error; /healthz answers 503 with a status body
+    while starting: a result, not an error."""
+    if call.raw:
+        return Answer(answer.status_code, _json_of(answer), dict(answer.headers))
     if call.path == "/healthz" and answer.status_code == RETRIED_STATUS:
         return call.parse(answer.json())
     return _outcome(call, answer)
@@ -248,7 +274,7 @@ class ReflectClient(_Api):
         for attempt in range(self.retry.attempts):
             try:
                 answer = self._http.request(call.method, call.path, params=call.params, json=call.body)
-                return _health_any(call, answer)
+                return _result(call, answer)
             except (ReflectApiError, httpx.TransportError) as failure:
                 if not self._should_retry(call, attempt, failure):
                     raise self._final(failure) from None
@@ -291,7 +317,7 @@ class AsyncReflectClient(_Api):
         for attempt in range(self.retry.attempts):
             try:
                 answer = await self._http.request(call.method, call.path, params=call.params, json=call.body)
-                return _health_any(call, answer)
+                return _result(call, answer)
             except (ReflectApiError, httpx.TransportError) as failure:
                 if not self._should_retry(call, attempt, failure):
                     raise self._final(failure) from None

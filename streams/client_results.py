@@ -214,3 +214,17 @@ class Health:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Health":
         return cls(status=str(data.get("status", "unknown")), raw=data)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the API said to `request()`, whatever the status: the status, the
+    body decoded from JSON (None when it is not JSON) and the headers (names in
+    lower case)."""
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300

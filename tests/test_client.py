@@ -9,7 +9,6 @@ import threading
 import time
 from dataclasses import replace
 
-import httpx
 import pytest
 from aiohttp import web
 
@@ -108,16 +107,21 @@ def test_client_sync_and_async_against_a_worker(settings, worker, monkeypatch, c
         assert last["why_nothing"]  # two unrelated live episodes: nothing a belief could rest on, and it says so
 
         # A retried request (same request_id) is the same cycle, forwarded once; a later one shows it was not counted.
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        same = [httpx.post(f"{api}/v1/users/ann/reflect", json={"request_id": "again-1"}, headers=headers).json()
-                for _ in range(2)]
-        assert same[0]["cycle_id"] == same[1]["cycle_id"] == "ann:manual:again-1"
-        httpx.post(f"{api}/v1/users/ann/reflect", json={"request_id": "again-2"}, headers=headers)
+        same = [reflect.request("POST", "/v1/users/ann/reflect", body={"request_id": "again-1"}) for _ in range(2)]
+        assert [a.status for a in same] == [202, 202]
+        assert same[0].body["cycle_id"] == same[1].body["cycle_id"] == "ann:manual:again-1"
+        reflect.request("POST", "/v1/users/ann/reflect", body={"request_id": "again-2"})
         counted = wait_for(lambda: (lambda n: n if n >= 3 else None)(reflect.stats("ann").cycles_by_kind["manual"]),
                            30, "the later manual cycle counted")
         assert counted == 3
-        bad = httpx.post(f"{api}/v1/users/ann/reflect", json={"request_id": "no spaces"}, headers=headers)
-        assert (bad.status_code, bad.json()["error"]["field"]) == (422, "request_id")
+        # request(): any route, its answer as the API shaped it, an error included (nothing raised).
+        bad = reflect.request("POST", "/v1/users/ann/reflect", body={"request_id": "no spaces"})
+        assert (bad.status, bad.ok, bad.body["error"]["field"]) == (422, False, "request_id")
+        held = reflect.request("GET", "/v1/users/ann/beliefs", params={"limit": 5})
+        assert held.ok and held.headers["content-type"].startswith("application/json") and held.body["user_id"] == "ann"
+    with ReflectClient(api, token=None, env={}) as anonymous:
+        refused = anonymous.request("GET", "/v1/users/ann/stats")
+        assert refused.status == 401 and refused.body["error"]["code"] == "unauthorized"
 
 
 class Refusing:
@@ -209,6 +213,37 @@ def test_connection_failures_retry_reads_but_not_a_write_that_may_have_arrived()
     with ReflectClient(f"http://127.0.0.1:{dropping.port}", retry=QUICK) as reflect, \
             pytest.raises(ReflectUnreachable, match="no Reflect API at"):
         reflect.record("ann", "x", 0.5)  # refused connections: nothing was sent, so retried, then named
+
+
+def test_request_answers_whatever_the_status_and_is_sent_once():
+    with Refusing(times=1) as server, ReflectClient(f"http://127.0.0.1:{server.port}", retry=QUICK) as reflect:
+        refused = reflect.request("get", "/v1/users/ann/beliefs")
+        assert (refused.status, refused.ok, refused.body["error"]["code"]) == (503, False, "unavailable")
+        assert refused.headers["retry-after"] == "1" and server.calls == 1  # not retried: the caller decides
+        assert reflect.request("GET", "/v1/users/ann/beliefs").body["beliefs"] == [] and server.calls == 2
+
+    async def async_call():
+        async with AsyncReflectClient(f"http://127.0.0.1:{server.port}", retry=QUICK) as reflect:
+            return await reflect.request("POST", "/v1/users/ann/reflect", body={"request_id": "r-1"})
+
+    with Refusing(times=1) as server:
+        assert run(async_call()).status == 503 and server.calls == 1
+    dropping = Dropping()
+    with ReflectClient(f"http://127.0.0.1:{dropping.port}", retry=QUICK) as reflect, \
+            pytest.raises(ReflectUnreachable):
+        reflect.request("GET", "/v1/users/ann/stats")  # a read, yet asked once
+    assert dropping.accepted == 1
+    dropping.sock.close()
+
+
+def test_env_says_where_the_api_and_token_are_looked_up(monkeypatch):
+    monkeypatch.setenv("REFLECT_API", "http://from-env:1")
+    monkeypatch.setenv("REFLECT_API_TOKEN", TOKEN)
+    with ReflectClient() as ambient, ReflectClient(env={}) as isolated, \
+            ReflectClient(env={"REFLECT_API": "http://given:2", "REFLECT_API_TOKEN": "t" * 32}) as given:
+        assert (ambient.api, ambient.headers) == ("http://from-env:1", {"Authorization": f"Bearer {TOKEN}"})
+        assert (isolated.api, isolated.headers) == ("http://127.0.0.1:8080", {})
+        assert (given.api, given.headers) == ("http://given:2", {"Authorization": f"Bearer {'t' * 32}"})
 
 
 def test_the_api_is_found_by_argument_then_environment_then_up_default():
