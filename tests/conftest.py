@@ -15,16 +15,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-import orjson
 import pytest
 
 from streams.broker import BrokerError, EmbeddedBroker, free_port, wait_until_ready
+from streams.client import ReflectClient, ReflectUnreachable
 from streams.settings import Settings
 
 TEST_BROKER = os.environ.get("REFLECT_TEST_BROKER", "tansu")
@@ -65,14 +63,30 @@ def docker_containers(selection: str):
     return DockerContainer
 
 
-def http_status(url: str) -> int | None:
+def http_client(api: str) -> ReflectClient:
+    """The shipped client as the tests' HTTP helper, so they exercise it: 5 s
+    a request, and no credential from this process's environment (a test that
+    sets REFLECT_API_TOKEN for a command must not change what a helper sends)."""
+    return ReflectClient(api, env={}, timeout=5)
+
+
+def http_status(base: str, path: str) -> int | None:
+    """The status a GET of `path` answers at `base` (any server's: Qdrant's /readyz), None when none does."""
+    with http_client(base) as client:
+        try:
+            return client.request("GET", path).status
+        except ReflectUnreachable:
+            return None
+
+
+def answered(client: ReflectClient, path: str) -> Any:
+    """A GET's JSON body; an error's with its status merged in, under the body's
+    own `status` if it has one (/healthz while starting); None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        answer = client.request("GET", path)
+    except ReflectUnreachable:
         return None
+    return answer.body if answer.ok else {"status": answer.status, **(answer.body or {})}
 
 
 class KafkaContainerBroker:
@@ -156,7 +170,7 @@ def qdrant_url():
         pytest.fail(f"REFLECT_TEST_QDRANT={TEST_QDRANT!r}: expected edge or server", pytrace=False)
     with docker_containers("REFLECT_TEST_QDRANT=server")(QDRANT_IMAGE).with_exposed_ports(6333) as qdrant:
         url = f"http://{qdrant.get_container_host_ip()}:{qdrant.get_exposed_port(6333)}"
-        wait_for(lambda: http_status(f"{url}/readyz") == 200, 60, f"Qdrant ({QDRANT_IMAGE}) /readyz")
+        wait_for(lambda: http_status(url, "/readyz") == 200, 60, f"Qdrant ({QDRANT_IMAGE}) /readyz")
         yield url
 
 
@@ -190,6 +204,14 @@ class Worker:
         self.settings, self.env = settings, env or {}
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
+        self._client: ReflectClient | None = None
+
+    @property
+    def client(self) -> ReflectClient:
+        """The client of this worker's API, made on first use (again after stop())."""
+        if self._client is None:
+            self._client = http_client(f"http://127.0.0.1:{self.settings.web_port}")
+        return self._client
 
     def launch(self) -> "Worker":
         """The process, not waiting for it to be ready (or to be refused)."""
@@ -214,14 +236,7 @@ class Worker:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def get(self, path: str):
-        url = f"http://127.0.0.1:{self.settings.web_port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                return orjson.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            return {"status": exc.code, **orjson.loads(exc.read() or b"{}")}
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return None
+        return answered(self.client, path)
 
     def stats(self, user: str) -> dict:
         return self.get(f"/v1/users/{user}/stats") or {}
@@ -236,6 +251,9 @@ class Worker:
                 self.process.kill()
                 self.process.wait(10)
         self.log.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 @pytest.fixture
