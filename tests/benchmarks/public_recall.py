@@ -135,6 +135,11 @@ def measure(embedder_name: str = "minilm", conversations: list[int] | None = Non
         table[m]["all"] = overall[m]["all"]
     kinds = ["all", *sorted({q["type"] for q in qs})]
     figures = [figure("embedding rate", rate, "texts/s"), *recall_figures(table, kinds, latency)]
+    for kind in kinds:  # the differences the targets speak in: points of recall@10
+        r10 = {m: 100 * table[m][kind]["r@10"] for m in METHODS}
+        figures += [figure(f"{kind} r@10 hybrid − cosine", r10["hybrid"] - r10["cosine"], "points"),
+                    figure(f"{kind} r@10 hybrid − bm25", r10["hybrid"] - r10["bm25"], "points"),
+                    figure(f"{kind} r@10 auto − hybrid", r10["auto"] - r10["hybrid"], "points")]
     gain = 100 * (table["hybrid"]["all"]["r@10"] - table["cosine"]["all"]["r@10"])
     auto_cost = 100 * (table["hybrid"]["all"]["r@10"] - table["auto"]["all"]["r@10"])
     return {"data": f"{realtalk.SOURCE}@{realtalk.SOURCE_COMMIT[:12]}", "embedder": embedder_name,
