@@ -65,11 +65,11 @@ def asked_at(conv: realtalk.Conversation):
     return parse_time(conv.turns[-1].occurred_at) + timedelta(days=1)
 
 
-def reflect(view, embedder, conv: realtalk.Conversation, config: CycleConfig) -> int:
+def reflect(view, embedder, conv: realtalk.Conversation, config: CycleConfig, reasoner) -> int:
     """Reflect's own beliefs of one conversation: an offline cycle every
     CYCLE_EVERY turns over those turns (and the earlier beliefs, as the
     reflector reads them), each cycle's beliefs projected before the next."""
-    reasoner, made = OfflineReasoner(), 0
+    made = 0
     for n, start in enumerate(range(0, len(conv.turns), CYCLE_EVERY)):
         window = conv.turns[start:start + CYCLE_EVERY]
         request = ReflectionRequested(user_id=conv.id, cycle_id=f"{conv.id}:bench:{n}", why="threshold",
@@ -108,7 +108,8 @@ def measure(embedder_name: str = "minilm", conversations: list[int] | None = Non
         projected = time.perf_counter() - t
         if beliefs:
             config = CycleConfig(grounding_cosine=GROUNDING_COSINE.get(embedder_name))
-            made = sum(reflect(view, ahead, c, config) for c in convs)
+            reasoner = OfflineReasoner(embedder)  # as the worker makes it: grouping with its own embedder
+            made = sum(reflect(view, ahead, c, config, reasoner) for c in convs)
 
         def routed(q):
             out = recall(view, embedder, q["user"], q["q"], mode="auto", k=k, now=q["now"], min_belief_score=floor)
