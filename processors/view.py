@@ -97,9 +97,10 @@ class Scoring:
 # top-N left out loses its whole cosine (0.3–0.6 with MiniLM): the cut, not
 # the formula, decided the rank. At 100, users of 1,500 episodes lost
 # recall to it; 400 scores nearly every point that matters as the formula
-# would over all of them (MiniLM, recall@10: REALTALK 52.2 → 55.3 %, exact
-# 55.4; demo history instance 85.4 → 87.5 %, pattern 71 → 78 %), for ~0.8 ms
-# more a query at 1,500 points (tests/benchmarks/README.md, "Recall on public data").
+# would over all of them (MiniLM, recall@10: REALTALK 52.2 → 55.3 %, every
+# point scored 55.4; the demo history's pattern questions 55 → 60 %), for
+# ~0.8 ms more a query at 1,500 points, ~2 ms at 5,000 (tests/benchmarks/README.md,
+# "Recall on public data").
 PREFETCH = 400
 
 
