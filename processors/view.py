@@ -92,7 +92,16 @@ class Scoring:
         return bool(self.recency or self.importance)
 
 
-PREFETCH = 100  # candidates per half (dense, BM25) before the formula: at least this, or 2 × k
+# Candidates per half (dense, BM25) before the formula: at least this, or 2 × k.
+# A point outside a half scores 0 there, so a turn BM25 finds but the dense
+# top-N left out loses its whole cosine (0.3–0.6 with MiniLM): the cut, not
+# the formula, decided the rank. At 100, users of 1,500 episodes lost
+# recall to it; 400 scores nearly every point that matters as the formula
+# would over all of them (MiniLM, recall@10: REALTALK 52.2 → 55.3 %, every
+# point scored 55.4; the demo history's pattern questions 55 → 60 %), for
+# ~0.8 ms more a query at 1,500 points, ~2 ms at 5,000 (tests/benchmarks/README.md,
+# "Recall on public data").
+PREFETCH = 400
 
 
 class ViewError(RuntimeError):

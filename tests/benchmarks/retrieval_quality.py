@@ -108,6 +108,15 @@ def score(answers: dict[str, list[list[str]]], qs: list[dict], ks=(5, 10)) -> di
     return out
 
 
+def recall_figures(table: dict, kinds, latency: dict[str, list[float]]) -> list[dict]:
+    """Each method's recall@5/@10 by question kind beside plain cosine's, then latency p50/p95 per method."""
+    out = [figure(f"{kind} {at} {name}", 100 * table[name][kind][at], "%", "cosine", 100 * table["cosine"][kind][at])
+           for kind in kinds for at in ("r@5", "r@10") for name in ("hybrid", "auto", "bm25")]
+    for name in latency:
+        out += [figure(f"latency p{p} {name}", quantile(latency[name], p), "ms") for p in (50, 95)]
+    return out
+
+
 def bm25_alone(view: EdgeView, user: str, text: str, k: int) -> list[Hit]:
     """The sparse half alone, engine IDF over the user's points (the BM25 baseline)."""
     q = view._q
@@ -178,15 +187,7 @@ def measure(embedder_name: str = "minilm", k: int = 10, query_prefix: bool = Fal
                 latency[name].append((time.perf_counter() - t) * 1000)
         view.close()
     table = score(answers, qs)
-    figures = []
-    for kind in ("instance", "pattern"):
-        for at in ("r@5", "r@10"):
-            for name in ("hybrid", "auto", "bm25"):
-                figures.append(figure(f"{kind} {at} {name}", 100 * table[name][kind][at], "%", "cosine",
-                                      100 * table["cosine"][kind][at]))
-    for name in answers:
-        figures.append(figure(f"latency p50 {name}", quantile(latency[name], 50), "ms"))
-        figures.append(figure(f"latency p95 {name}", quantile(latency[name], 95), "ms"))
+    figures = recall_figures(table, ("instance", "pattern"), latency)
     patterned = [r for r, q in zip(routes, qs) if q["type"] == "pattern"]
     figures.append(figure("pattern questions answered by a belief", 100 * sum(patterned) / len(patterned), "%"))
     gain = 100 * (table["hybrid"]["instance"]["r@10"] - table["cosine"]["instance"]["r@10"])

@@ -6,7 +6,9 @@
 Scenarios (each module also runs alone, see its docstring): ingest, cycle
 (overhead vs store size), read (beliefs and recall vs read-time synthesis,
 and the worker's memory), invalidation, rebuild, retrieval (evidence recall
-of hybrid vs plain cosine vs BM25 alone, by question type). `--quick` runs smaller sizes
+of hybrid vs plain cosine vs BM25 alone, by question type, on the demo history)
+and public (the same on REALTALK's real conversations; it needs the data, see
+tests/benchmarks/realtalk.py). `--quick` runs smaller sizes
 (under 5 minutes on 2 cores); the full run is what tests/benchmarks/README.md shows.
 """
 
@@ -38,6 +40,8 @@ SIZES = {
                      {"sizes": [1000, 10000, 100000], "retractions": 40}),
     "rebuild": ({"n": 5000}, {"n": 20000}),
     "retrieval": ({"embedder": "minilm"}, {"embedder": "minilm"}),
+    # quick: the four shortest conversations (1,761 turns, 284 questions); full: all ten (8,944 turns, 705)
+    "public": ({"embedder": "minilm", "conversations": [1, 2, 3, 4]}, {"embedder": "minilm", "conversations": None}),
 }
 
 
@@ -60,6 +64,13 @@ def scenario(name: str, size: dict) -> dict:
     if name == "retrieval":
         import retrieval_quality
         return retrieval_quality.measure(size["embedder"])
+    if name == "public":
+        import public_recall
+        import realtalk
+        try:
+            return public_recall.measure(size["embedder"], size["conversations"])
+        except realtalk.DataMissing as exc:  # data this checkout cannot ship: say so, fail nothing
+            return {"skipped": str(exc), "figures": []}
     raise ValueError(f"no scenario {name!r} (known: {', '.join(SIZES)})")
 
 

@@ -31,7 +31,8 @@ def quantile(values: list[float], p: int) -> float:
 
 
 def print_scenario(name: str, result: dict) -> None:
-    print(f"{name}:" + (f" FAILED: {result['error']}" if "error" in result else ""))
+    print(f"{name}:" + (f" FAILED: {result['error']}" if "error" in result else "")
+          + (f" skipped: {result['skipped']}" if "skipped" in result else ""))
     for f in result["figures"]:
         line = f"  {f['name']:<40} {f['value']:>12,.2f} {f['unit']}"
         if "baseline" in f:
