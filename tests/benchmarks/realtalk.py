@@ -11,10 +11,9 @@ Source: github.com/danny911kr/REALTALK at commit SOURCE_COMMIT, the ten
 top-level files data/Chat_*.json and nothing else (that repository also
 carries a copy of another benchmark under data/locomo/, which this project
 must never read: only the names in FILES are ever opened). The repository has
-no licence file, and data from fetched repositories is not committed here, so
-the files are read where they are: a directory holding them (REALTALK's
-data/ layout, e.g. the shared folder's data/realtalk/) or a bare git snapshot
-of the repository (read at SOURCE_COMMIT). Every file is checked against its
+no licence file, so the files are not redistributed here: they are read
+where they are, a directory holding them (REALTALK's data/ layout, e.g. a
+clone's data/) or a bare git clone of the repository (read at SOURCE_COMMIT). Every file is checked against its
 git blob id, so a figure always names exactly the data it was measured on.
 
 Everything but `read_files` is a pure function of the files' contents.
@@ -48,10 +47,10 @@ FILES = {
 }
 FILES_FIRST = next(iter(FILES))
 TYPES = {1: "multi-hop", 2: "temporal", 3: "commonsense"}
-# Where to look when no place is given: $REFLECT_REALTALK, the shared folder
-# beside the checkout, then the snapshot the search tool's `fetch` leaves.
+# Where to look when no place is given ($REFLECT_REALTALK first): a clone of
+# REALTALK beside the checkout, then where this team's machines keep a snapshot.
 ROOT = Path(__file__).resolve().parents[2]
-PLACES = (ROOT.parent / "shared" / "data" / "realtalk", Path("/work/.mirror/danny911kr+REALTALK/repo"))
+PLACES = (ROOT.parent / "REALTALK" / "data", Path("/work/.mirror/danny911kr+REALTALK/repo"))
 
 
 @dataclass(frozen=True)
