@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -186,6 +188,11 @@ class VectorStore(Protocol):
 
     def drop(self) -> None: ...
 
+    def optimize(self) -> None:
+        """Reorganize the stored points for reads. Only for a view no one
+        reads or writes meanwhile: a rebuild's successor before it serves."""
+        ...
+
 
 def _floats(vector: Sequence[float]) -> list[float]:
     return vector.tolist() if hasattr(vector, "tolist") else [float(x) for x in vector]
@@ -213,6 +220,16 @@ def _next_name(view: str, name: str) -> str:
     return f"{view}-{int(number) + 1 if number.isdigit() else 1:04d}"
 
 
+def edge_config(dim: int, lexical: bool = True):
+    """A shard's config: the dense vector, and the BM25 terms unless it predates them."""
+    import qdrant_edge as q
+
+    dense = {VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)}
+    if not lexical:
+        return q.EdgeConfig(vectors=dense)
+    return q.EdgeConfig(vectors=dense, sparse_vectors={LEXICAL: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
+
+
 class EdgeView:
     def __init__(self, root: str | Path, view: str, dim: int, name: str | None = None,
                  embedder: str | None = None) -> None:
@@ -228,8 +245,7 @@ class EdgeView:
         record = path / EMBEDDER_FILE
         if embedder is not None and record.exists() and (path / "wal").exists():
             _check_embedder(json.loads(record.read_text()), embedder, dim, view, str(path))
-        dense = {VECTOR: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)}
-        config = q.EdgeConfig(vectors=dense, sparse_vectors={LEXICAL: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
+        config = edge_config(dim)
         self.lexical = True
         try:
             if (path / "wal").exists():
@@ -239,7 +255,8 @@ class EdgeView:
                     if "incompatible" not in str(exc):
                         raise
                     # Built before BM25 terms were stored: serve it dense-only until rebuilt.
-                    self._shard = q.EdgeShard.load(str(path), q.EdgeConfig(vectors=dense))
+                    config = edge_config(dim, lexical=False)
+                    self._shard = q.EdgeShard.load(str(path), config)
                     self.lexical = False
                     log.warning("view %s has no BM25 terms: recall is dense-only; %s", path, REBUILD)
             else:
@@ -253,6 +270,7 @@ class EdgeView:
         except Exception as exc:
             raise ViewError(f"cannot open the Qdrant Edge view at {path}: {exc} "
                             "(one process owns a shard: is another worker running on this data dir?)") from exc
+        self._config = config
         if embedder is not None and not record.exists():
             tmp = record.with_suffix(".tmp")
             tmp.write_text(json.dumps({"name": embedder, "dim": dim}))
@@ -401,6 +419,21 @@ class EdgeView:
     def drop(self) -> None:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def optimize(self) -> None:
+        """Merge and index the shard's segments, in a child process: Edge's
+        `optimize` holds the GIL for its whole run (4.4 s at 50k points, 48 s
+        at 300k, measured), which would stall every thread of the worker. A
+        grown, unoptimized shard pays for it in reads: the BM25 half of a
+        filtered query walks every tenant's postings (at 300k points a
+        hybrid query p50/p95 5.2/8.8 ms, optimized 3.6/5.2). The shard is
+        closed meanwhile (one process owns it), then opened again."""
+        self.close()
+        done = subprocess.run([sys.executable, "-m", "processors.optimize_shard", str(self.path), str(self.dim),
+                               "lexical" if self.lexical else "dense"], capture_output=True, text=True)
+        self._shard = self._q.EdgeShard.load(str(self.path), self._config)
+        if done.returncode:
+            raise ViewError(f"optimizing the Qdrant Edge view at {self.path} failed: {done.stderr[-2000:]}")
 
 
 class QdrantView:
@@ -592,6 +625,9 @@ class QdrantView:
 
     def drop(self) -> None:
         self.client.delete_collection(self.name)
+
+    def optimize(self) -> None:
+        pass  # the server's own optimizer runs in the background
 
 
 class SharedView:

@@ -33,7 +33,7 @@ log = logging.getLogger("reflect")
 
 @dataclass
 class Progress:
-    state: str = "idle"  # idle | running | swapping | done | failed
+    state: str = "idle"  # idle | running | optimizing | swapping | done | failed
     events: int = 0
     total: int = 0
     started: float = 0.0
@@ -105,6 +105,11 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
         start, until = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
         progress.total = sum(until[tp] - start[tp] for tp in parts)  # a lower bound on Tansu
         await _replay(consumer, parts, until, projectors, carries, progress)
+        # Reads of a grown, unoptimized Edge shard slow down (processors/view.py,
+        # EdgeView.optimize): the successor serves no one yet, so it is optimized
+        # now, in a child process, while the live path goes on.
+        progress.state = "optimizing"
+        await asyncio.to_thread(fresh.optimize)
         async with projection_lock:  # the live projectors wait here, briefly
             progress.state = "swapping"
             await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)

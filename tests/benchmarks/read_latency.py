@@ -101,7 +101,7 @@ def question(rng: random.Random) -> str:
 
 # ------------------------------------------------------------------ 1. build
 
-def build(root: Path, users: int, episodes: int, beliefs: int) -> int:
+def build(root: Path, users: int, episodes: int, beliefs: int, optimized: bool = False) -> int:
     rng, embedder = random.Random(11), HashingEmbedder(DIM)
     t0 = time.perf_counter()
     view = EdgeView(root, VIEW, DIM)
@@ -140,8 +140,14 @@ def build(root: Path, users: int, episodes: int, beliefs: int) -> int:
             total += len(chunk)
     t = time.perf_counter()
     view.flush()
+    parts["flush"] = time.perf_counter() - t
+    if optimized:  # as `reflect rebuild` leaves its view (EdgeView.optimize, in a child process)
+        t = time.perf_counter()
+        view.optimize()
+        parts["optimize"] = time.perf_counter() - t
+    t = time.perf_counter()
     view.close()
-    parts["flush+close"] = time.perf_counter() - t
+    parts["close"] = time.perf_counter() - t
     elapsed = time.perf_counter() - t0
     parts["events"] = elapsed - sum(parts.values())
     print(f"build: {users} users × ({episodes} episodes + {beliefs} beliefs) = {total:,} points "
@@ -459,13 +465,14 @@ def empty_worker_rss(settings: Settings, tmp: Path) -> int:
         w.stop()
 
 
-def measure(users: int, episodes: int, beliefs: int = 20, n: int = 200, http: bool = True) -> dict:
+def measure(users: int, episodes: int, beliefs: int = 20, n: int = 200, http: bool = True,
+            optimized: bool = False) -> dict:
     # The worker's default cosine floor for a belief to answer a pattern question,
     # used in-process too so both sides serve the same answers.
     min_score = Settings.load(env={}).recall_min_score
     with tempfile.TemporaryDirectory() as tmp:
         view_dir = Path(tmp) / "data" / "view"
-        points = build(view_dir, users, episodes, beliefs)
+        points = build(view_dir, users, episodes, beliefs, optimized)
         local, pairs, answers = in_process(view_dir, users, n, min_score)
         remote, rss = over_http(Path(tmp), users, pairs, local, answers, min_score) if http else ({}, {})
     base = local[SYNTHESIS]
@@ -491,11 +498,13 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=200, help="(user, question) pairs per read")
     parser.add_argument("--quick", action="store_true", help="20 users × 1000 episodes, N=100: a smoke run")
     parser.add_argument("--no-http", action="store_true", help="skip the worker over HTTP")
+    parser.add_argument("--optimized", action="store_true",
+                        help="optimize the store before reading, as `reflect rebuild` leaves it (live-grown: without)")
     args = parser.parse_args()
     if args.quick:
         args.users, args.episodes, args.n = 20, 1000, 100
     started = time.perf_counter()
-    result = measure(args.users, args.episodes, args.beliefs, args.n, not args.no_http)
+    result = measure(args.users, args.episodes, args.beliefs, args.n, not args.no_http, args.optimized)
     print_scenario("read path", result)
     if "memory" in result:
         print_scenario("memory", result["memory"])
