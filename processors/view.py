@@ -220,6 +220,9 @@ def _next_name(view: str, name: str) -> str:
     return f"{view}-{int(number) + 1 if number.isdigit() else 1:04d}"
 
 
+OPTIMIZE_TIMEOUT = 3600  # seconds; 209 s at 500k points here: a child past this is taken as hung
+
+
 def edge_config(dim: int, lexical: bool = True):
     """A shard's config: the dense vector, and the BM25 terms unless it predates them."""
     import qdrant_edge as q
@@ -429,11 +432,16 @@ class EdgeView:
         hybrid query p50/p95 5.2/8.8 ms, optimized 3.6/5.2). The shard is
         closed meanwhile (one process owns it), then opened again."""
         self.close()
-        done = subprocess.run([sys.executable, "-m", "processors.optimize_shard", str(self.path), str(self.dim),
-                               "lexical" if self.lexical else "dense"], capture_output=True, text=True)
+        try:
+            done = subprocess.run([sys.executable, "-m", "processors.optimize_shard", str(self.path), str(self.dim),
+                                   "lexical" if self.lexical else "dense"], capture_output=True, text=True,
+                                  timeout=OPTIMIZE_TIMEOUT)
+            failed = done.stderr[-2000:] if done.returncode else ""
+        except subprocess.TimeoutExpired:  # run() has killed the child
+            failed = f"not done in {OPTIMIZE_TIMEOUT} s"
         self._shard = self._q.EdgeShard.load(str(self.path), self._config)
-        if done.returncode:
-            raise ViewError(f"optimizing the Qdrant Edge view at {self.path} failed: {done.stderr[-2000:]}")
+        if failed:
+            raise ViewError(f"optimizing the Qdrant Edge view at {self.path} failed: {failed}")
 
 
 class QdrantView:
