@@ -43,10 +43,8 @@ def episodes_behind(belief: dict[str, Any], beliefs: dict[str, dict[str, Any]]) 
     return out
 
 
-def cosines(embedder: Embedder, texts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-    if not texts:
-        return np.zeros((0, len(targets)), dtype=np.float32)
-    return embedder.embed(list(texts)) @ embedder.embed(list(targets)).T
+def vectors_of(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    return embedder.embed(list(texts)) if texts else np.zeros((0, embedder.dim), dtype=np.float32)
 
 
 def duplicates(similarity: np.ndarray) -> int:
@@ -66,8 +64,8 @@ def score(hist: History, beliefs: Sequence[dict[str, Any]], embedder: Embedder) 
     episodes) and duplicates; numbers only."""
     by_id = {b["reflection_id"]: b for b in beliefs}
     behind = [episodes_behind(b, by_id) for b in beliefs]
-    texts = [b["text"] for b in beliefs]
-    about = cosines(embedder, texts, [p.description for p in hist.patterns])
+    said = vectors_of(embedder, [b["text"] for b in beliefs])  # embedded once: for the patterns and each other
+    about = said @ vectors_of(embedder, [p.description for p in hist.patterns]).T
     cut = about_cut(embedder)
     planted = {e.episode_id for e in hist.episodes if e.pattern}
     patterns = []
@@ -81,4 +79,4 @@ def score(hist: History, beliefs: Sequence[dict[str, Any]], embedder: Embedder) 
                          "belief": beliefs[i]["reflection_id"] if i is not None and best["cited"] else None})
     noise = sum(len(b - planted) > len(b) / 2 for b in behind)
     return {"found": sum(p["found"] for p in patterns), "of": len(patterns), "beliefs": len(beliefs),
-            "noise": noise, "duplicates": duplicates(cosines(embedder, texts, texts)), "patterns": patterns}
+            "noise": noise, "duplicates": duplicates(said @ said.T), "patterns": patterns}
