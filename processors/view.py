@@ -221,6 +221,7 @@ def _next_name(view: str, name: str) -> str:
 
 
 OPTIMIZE_TIMEOUT = 3600  # seconds; 209 s at 500k points here: a child past this is taken as hung
+OPTIMIZED_FILE = "reflect-optimized.json"  # in an Edge shard directory: {"points"} when last optimized
 
 
 def edge_config(dim: int, lexical: bool = True):
@@ -442,6 +443,25 @@ class EdgeView:
         self._shard = self._q.EdgeShard.load(str(self.path), self._config)
         if failed:
             raise ViewError(f"optimizing the Qdrant Edge view at {self.path} failed: {failed}")
+        (self.path / OPTIMIZED_FILE).write_text(json.dumps({"points": self.points()}))
+
+    def points(self) -> int:
+        return self._shard.info().points_count
+
+    def growth(self) -> tuple[int, int]:
+        """(points now, points when last optimized; 0 if never): how much of
+        the shard a live-grown view holds unoptimized (streams/compaction.py)."""
+        record = self.path / OPTIMIZED_FILE
+        return self.points(), json.loads(record.read_text())["points"] if record.exists() else 0
+
+    def copy(self) -> "EdgeView":
+        """A successor holding what this shard holds: its files, flushed, copied
+        (2.6 s for 500k points here). Only while no write runs (SharedView.writes_held)."""
+        name = _next_name(self.view, self.name)
+        shutil.rmtree(self.root / name, ignore_errors=True)  # what a failed compaction left
+        self._shard.flush()
+        shutil.copytree(self.path, self.root / name)
+        return EdgeView(self.root, self.view, self.dim, name=name, embedder=self.embedder)
 
 
 class QdrantView:
@@ -668,10 +688,29 @@ class SharedView:
     wait for it and go to the new view.
     """
 
+    WRITES = frozenset({"upsert", "strip", "patch"})
+
     def __init__(self, view: VectorStore) -> None:
         self._view = view
         self._turns = threading.Condition()
         self._in_flight, self._swapping = 0, False
+        self._writing, self._writes_held = 0, False
+
+    @contextmanager
+    def writes_held(self) -> Iterator[VectorStore]:
+        """The view with no write running until the block ends (writes called
+        meanwhile wait; reads go on): a compaction copies its files here."""
+        with self._turns:
+            self._turns.wait_for(lambda: not self._writes_held)
+            self._writes_held = True
+            self._turns.wait_for(lambda: self._writing == 0)
+        try:
+            with self._current() as view:
+                yield view
+        finally:
+            with self._turns:
+                self._writes_held = False
+                self._turns.notify_all()
 
     def swap(self, view: VectorStore) -> VectorStore:
         """Serve `view` from the next call on; returns the one it replaces, idle."""
@@ -684,26 +723,27 @@ class SharedView:
             return old
 
     @contextmanager
-    def _current(self) -> Iterator[VectorStore]:
+    def _current(self, write: bool = False) -> Iterator[VectorStore]:
         """The view to call, held in use until the call returns."""
         with self._turns:
-            self._turns.wait_for(lambda: not self._swapping)
+            self._turns.wait_for(lambda: not self._swapping and not (write and self._writes_held))
             self._in_flight += 1
+            self._writing += write
             view = self._view
         try:
             yield view
         finally:
             with self._turns:
                 self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._turns.notify_all()
+                self._writing -= write
+                self._turns.notify_all()
 
     def __getattr__(self, name: str):
         if not callable(getattr(self._view, name)):
             return getattr(self._view, name)
 
         def call(*args, **kwargs):
-            with self._current() as view:
+            with self._current(write=name in self.WRITES) as view:
                 result = getattr(view, name)(*args, **kwargs)
                 # A lazy scroll would read the view after the call has returned.
                 return iter(list(result)) if isinstance(result, Iterator) else result

@@ -78,6 +78,11 @@ class Watermarks:
         if changed:
             self._save()
 
+    def of(self, view: str) -> dict[TopicPartition, int]:
+        """Every topic-partition the view holds, with its watermark."""
+        return {TopicPartition(topic, int(partition)): offset for key, offset in self._data.get(view, {}).items()
+                for topic, _, partition in [key.rpartition(":")]}
+
     def forget(self, view: str) -> None:
         if self._data.pop(view, None) is not None:
             self._save()
@@ -103,6 +108,10 @@ class Ownership:
         self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds what the group committed
         self._catching: dict[int, asyncio.Task] = {}
         self.installed = False
+
+    def settled(self) -> bool:
+        """No catch-up is running: the partitions the view holds change only by one."""
+        return not self._catching
 
     def install(self, app) -> None:
         """Follow the group's assignments (Faust's `on_partitions_assigned`)."""

@@ -10,7 +10,9 @@ Nothing published is missed: what the paused projectors have not applied is
 before that end. (With several workers on one Qdrant server, the others'
 projectors are not paused: run the rebuild while they are stopped, or accept
 that what they apply during the last read may miss the new collection.) Beliefs come
-from their recorded events: the reasoner is never called.
+from their recorded events: the reasoner is never called. A compaction
+(streams/compaction.py) is the same flow starting from a copy of the view:
+only the log after the copy's watermarks is read.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ log = logging.getLogger("reflect")
 
 @dataclass
 class Progress:
-    state: str = "idle"  # idle | running | optimizing | swapping | done | failed
+    kind: str = "rebuild"  # rebuild | compaction (streams/compaction.py)
+    state: str = "idle"  # idle | copying | running | optimizing | swapping | done | failed
     events: int = 0
     total: int = 0
     started: float = 0.0
@@ -45,10 +48,25 @@ class Progress:
 
     def to_dict(self) -> dict[str, Any]:
         elapsed = self.seconds or (time.monotonic() - self.started if self.started else 0.0)
-        return {"state": self.state, "events": self.events, "total": self.total,
+        return {"kind": self.kind, "state": self.state, "events": self.events, "total": self.total,
                 "seconds": round(elapsed, 3), "rate": round(self.events / elapsed, 1) if elapsed else 0.0,
                 "old_view": self.old_view, "new_view": self.new_view, "error": self.error,
                 "skipped": len(self.skipped)}
+
+
+@dataclass
+class Rebuilding:
+    """The one rebuild or compaction a worker may run: its progress and its task."""
+    progress: Progress | None = None
+    task: asyncio.Future | None = None
+
+    def busy(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self, progress: Progress, run) -> None:
+        """Run `run(progress)` in the background, following it here."""
+        self.progress = progress
+        self.task = asyncio.ensure_future(run(progress))
 
 
 async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, carries,
@@ -88,10 +106,31 @@ async def held_to(watermarks, consumer: AIOKafkaConsumer, parts, view: str, old_
 
 
 async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) -> None:
+    """Every partition from its beginning into an empty successor."""
+    async def empty():
+        return await asyncio.to_thread(runtime.view.successor), None
+    await refresh(runtime, projection_lock, progress, empty)
+
+
+class Abandoned(Exception):
+    """The successor can no longer stand in for the view (streams/compaction.py)."""
+
+
+async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, start, still_fits=None) -> None:
+    """Fill a successor from the log, optimize it, and swap it in. `start()`
+    returns the successor and where it holds the log ({topic-partition:
+    offset}; None: nothing, every partition from its beginning);
+    `still_fits()`, checked with the live projectors paused, raises
+    `Abandoned` when it may no longer be swapped in."""
     settings, embedder = runtime.settings, runtime.embedder
-    progress.state, progress.started = "running", time.monotonic()
-    fresh = await asyncio.to_thread(runtime.view.successor)
-    progress.old_view, progress.new_view = runtime.view.name, fresh.name
+    progress.started, old_view = time.monotonic(), runtime.view.name
+    progress.old_view = old_view
+    try:
+        fresh, held = await start()
+    except Exception as exc:
+        _failed(progress, exc)
+        return
+    progress.state, progress.new_view = "running", fresh.name
     episodes, reflections = EpisodeProjector(fresh, embedder), ReflectionProjector(fresh, embedder)
     projectors = {settings.topic_episodes: episodes.apply, settings.topic_reflections: reflections.apply}
     carries = carried(settings)  # what the live path dead-lettered, the replay skips
@@ -99,33 +138,48 @@ async def rebuild(runtime, projection_lock: asyncio.Lock, progress: Progress) ->
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
     await consumer.start()
     try:
-        parts = [TopicPartition(t, p) for t in projectors for p in range(settings.partitions)]
+        parts = [TopicPartition(t, p) for t in projectors for p in range(settings.partitions)] \
+            if held is None else sorted(held)
         consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        start, until = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
-        progress.total = sum(until[tp] - start[tp] for tp in parts)  # a lower bound on Tansu
+        if held is None:
+            held = await consumer.beginning_offsets(parts)
+        for tp in parts:
+            consumer.seek(tp, held[tp])
+        until = await consumer.end_offsets(parts)
+        progress.total = sum(max(0, until[tp] - held[tp]) for tp in parts)  # a lower bound on Tansu
         await _replay(consumer, parts, until, projectors, carries, progress)
         # Reads of a grown, unoptimized Edge shard slow down (processors/view.py,
         # EdgeView.optimize): the successor serves no one yet, so it is optimized
-        # now, in a child process, while the live path goes on.
+        # now, in a child process, while the live path goes on; then what
+        # arrived meanwhile, so that little is left for the pause.
         progress.state = "optimizing"
         await asyncio.to_thread(fresh.optimize)
+        progress.state = "running"
+        await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)
         async with projection_lock:  # the live projectors wait here, briefly
             progress.state = "swapping"
+            if still_fits is not None:
+                still_fits()
             await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)
             await asyncio.to_thread(fresh.promote)
             # In a thread: the swap waits for the reads in flight on the old view.
             old = await asyncio.to_thread(runtime.view.swap, fresh)
-            await held_to(runtime.ownership.watermarks, consumer, parts, fresh.name, progress.old_view)
+            await held_to(runtime.ownership.watermarks, consumer, parts, fresh.name, old_view)
         await asyncio.to_thread(old.drop)
         progress.state, progress.seconds = "done", time.monotonic() - progress.started
-        log.warning("rebuild: %d events into %s in %.1f s; %s dropped", progress.events, fresh.name,
-                    progress.seconds, progress.old_view)
+        log.warning("%s: %d events into %s in %.1f s; %s dropped", progress.kind, progress.events, fresh.name,
+                    progress.seconds, old_view)
     except Exception as exc:
-        progress.state, progress.error = "failed", f"{type(exc).__name__}: {exc}"
-        progress.seconds = time.monotonic() - progress.started
-        log.exception("rebuild failed; the old view keeps serving")
+        _failed(progress, exc)
         await asyncio.to_thread(fresh.drop)
     finally:
         await consumer.stop()
 
+
+def _failed(progress: Progress, exc: Exception) -> None:
+    progress.state, progress.error = "failed", f"{type(exc).__name__}: {exc}"
+    progress.seconds = time.monotonic() - progress.started
+    if isinstance(exc, Abandoned):
+        log.warning("%s abandoned (%s); the old view keeps serving", progress.kind, exc)
+    else:
+        log.exception("%s failed; the old view keeps serving", progress.kind, exc_info=exc)

@@ -23,6 +23,7 @@ from streams import metrics
 from streams.logs import redacted
 from streams.ownership import Ownership
 from streams.pipeline.policy import Backoff, Health, Policy
+from streams.rebuild import Rebuilding
 from streams.settings import Settings
 
 log = logging.getLogger("reflect")
@@ -115,6 +116,7 @@ class Runtime:
     cycle_done: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
     _locks: list = dataclasses.field(default_factory=lambda: [asyncio.Lock() for _ in range(USER_LOCKS)])
     ownership: Any = None  # streams/ownership.Ownership: which partitions are this worker's, and whole
+    rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
 
     @classmethod
     def build(cls, settings: Settings, app, view: VectorStore, embedder: Embedder, reasoner: Reasoner,

@@ -259,6 +259,11 @@ SPECS: tuple[Spec, ...] = (
          "API key of the Qdrant server (empty: QDRANT_API_KEY, else none)."),
     Spec("view", "REFLECT_VIEW", "reflect", _topic,
          "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
+    Spec("compact_growth", "REFLECT_COMPACT_GROWTH", "0.5", _non_negative_float,
+         "Share by which an embedded view may grow past its size when last optimized before the worker "
+         "compacts it: an optimized copy swapped in, reads served meanwhile (streams/compaction.py; 0: never)."),
+    Spec("compact_min_points", "REFLECT_COMPACT_MIN_POINTS", "50000", _positive_int,
+         "Points an embedded view must hold before it is first compacted (a small view reads fast as it is)."),
     Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm", "e5-small"),
          "hashing: offline feature hashing; minilm: all-MiniLM-L6-v2 int8 ONNX (the minilm extra); "
          "e5-small: multilingual-e5-small 4-bit (the e5 extra; see processors/README.md, \"Embedders\"). A view "
@@ -462,6 +467,8 @@ class Settings:
     qdrant_url: str | None
     qdrant_api_key: Secret | None
     view: str
+    compact_growth: float
+    compact_min_points: int
     embedder: str
     projector_batch: int
     projector_within: float

@@ -16,7 +16,7 @@ from typing import Any
 
 from processors.dlq import accept, carried
 from schemas import ContractError, Event
-from streams import metrics
+from streams import compaction, metrics
 from streams.runtime import Runtime
 
 log = logging.getLogger("reflect")
@@ -47,6 +47,7 @@ class Runner:
                 await self.handle(admitted, await prepared)
                 if self.PROJECTS:  # how far the view holds this topic: streams/ownership.py
                     self.runtime.ownership.applied(events)
+                    await compaction.check(self.runtime)
                 for event in events:
                     await stream.ack(event)
         finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from faust.web import Request, Response, View
 
 from streams.rebuild import Progress, rebuild
@@ -16,10 +14,9 @@ class Rebuild(View):
         """Start a rebuild of the view from the log (one at a time)."""
         ctx = context(self)
         running = ctx.rebuilding
-        if running.task is not None and not running.task.done():
-            raise ApiError(409, "conflict", "a rebuild is already running")
-        running.progress = Progress()
-        running.task = asyncio.ensure_future(rebuild(ctx.runtime, ctx.runtime.projection_lock, running.progress))
+        if running.busy():
+            raise ApiError(409, "conflict", f"a {running.progress.kind} is already running")
+        running.start(Progress(), lambda progress: rebuild(ctx.runtime, ctx.runtime.projection_lock, progress))
         return self.json({"state": "running", "old_view": ctx.view.name}, status=202)
 
     @answers_json

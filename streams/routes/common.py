@@ -9,7 +9,7 @@ import contextlib
 import functools
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,7 +21,6 @@ from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
 from schemas import ContractError, parse_time, schema_text
 from streams import auth
-from streams.rebuild import Progress
 from streams.settings import SettingsError
 
 log = logging.getLogger("reflect.api")
@@ -48,17 +47,14 @@ class ApiError(Exception):
 
 
 @dataclass
-class Rebuilding:
-    """The one rebuild this worker may run: its progress and its task."""
-    progress: Progress | None = None
-    task: asyncio.Future | None = None
-
-
-@dataclass
 class Context:
     """All a handler reaches of the worker; `app.reflect` on its Faust app."""
     runtime: Any
-    rebuilding: Rebuilding = field(default_factory=Rebuilding)
+
+    @property
+    def rebuilding(self):
+        """The one rebuild or compaction the worker may run (streams/rebuild.py)."""
+        return self.runtime.rebuilding
 
     @property
     def view(self):

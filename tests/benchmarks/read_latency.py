@@ -101,50 +101,71 @@ def question(rng: random.Random) -> str:
 
 # ------------------------------------------------------------------ 1. build
 
-def build(root: Path, users: int, episodes: int, beliefs: int, optimized: bool = False) -> int:
-    rng, embedder = random.Random(11), HashingEmbedder(DIM)
+def user_records(u: int, episodes: int, beliefs: int) -> list:
+    """One user's episodes, then beliefs citing them (its own random stream:
+    the same records whatever order the users are written in)."""
+    rng, user = random.Random(f"11-{u}"), f"user-{u:03d}"
+    records = []
+    for i in range(episodes):
+        at = stamp(START + timedelta(minutes=rng.randrange(0, 150 * 24 * 60)))
+        records.append(EpisodeRecorded(user_id=user, episode_id=f"{user}-ep-{i}", text=episode_text(rng),
+                                       importance=round(rng.random(), 3), occurred_at=at, recorded_at=at))
+    for r in range(beliefs):
+        cited = rng.sample(records[:episodes], rng.randint(3, 8))
+        words = [w for e in cited[:2] for w in e.text.split(":")[0].split()]
+        at = stamp(START + timedelta(days=150 - rng.uniform(0, 60)))
+        records.append(ReflectionCreated(
+            user_id=user, reflection_id=f"{user}-r{r}", cycle_id=f"{user}:{r}",
+            text="the user usually " + " ".join(words[:10]), evidence_ids=tuple(e.episode_id for e in cited),
+            depth=1, importance=max(e.importance for e in cited), confidence=round(rng.uniform(0.4, 0.9), 3),
+            reasoner="offline", prompt_version="v1", question="q", occurred_at=at, recorded_at=at))
+    return records
+
+
+def build(root: Path, users: int, episodes: int, beliefs: int, optimized: float = 0.0) -> int:
+    """The store, written the way it grows live; `optimized` is the share of
+    every user's records written before the view is optimized (1: as `reflect
+    rebuild` leaves it; 0.67: a view compacted when it was two thirds of its
+    size, then grown by half again; 0: never optimized)."""
+    embedder = HashingEmbedder(DIM)
     t0 = time.perf_counter()
     view = EdgeView(root, VIEW, DIM)
     parts = defaultdict(float)
     total = 0
-    for u in range(users):
-        user = f"user-{u:03d}"
-        records = []
-        for i in range(episodes):
-            at = stamp(START + timedelta(minutes=rng.randrange(0, 150 * 24 * 60)))
-            records.append(EpisodeRecorded(user_id=user, episode_id=f"{user}-ep-{i}", text=episode_text(rng),
-                                           importance=round(rng.random(), 3), occurred_at=at, recorded_at=at))
-        for r in range(beliefs):
-            cited = rng.sample(records[:episodes], rng.randint(3, 8))
-            words = [w for e in cited[:2] for w in e.text.split(":")[0].split()]
-            at = stamp(START + timedelta(days=150 - rng.uniform(0, 60)))
-            records.append(ReflectionCreated(
-                user_id=user, reflection_id=f"{user}-r{r}", cycle_id=f"{user}:{r}",
-                text="the user usually " + " ".join(words[:10]), evidence_ids=tuple(e.episode_id for e in cited),
-                depth=1, importance=max(e.importance for e in cited), confidence=round(rng.uniform(0.4, 0.9), 3),
-                reasoner="offline", prompt_version="v1", question="q", occurred_at=at, recorded_at=at))
-        for start in range(0, len(records), BATCH):
-            chunk = records[start:start + BATCH]
-            t = time.perf_counter()
-            vectors = embedder.embed([e.text for e in chunk])
-            parts["embed"] += time.perf_counter() - t
-            t = time.perf_counter()
-            points = [ViewPoint(point_id("episode", e.user_id, e.episode_id), v, episode_payload(e))
-                      if isinstance(e, EpisodeRecorded) else
-                      ViewPoint(point_id("reflection", e.user_id, e.reflection_id), v, reflection_payload(e))
-                      for e, v in zip(chunk, vectors)]
-            parts["payloads"] += time.perf_counter() - t
-            t = time.perf_counter()
-            view.upsert(points)
-            parts["upsert"] += time.perf_counter() - t
-            total += len(chunk)
+    cut = round(optimized * (episodes + beliefs)) if 0 < optimized < 1 else episodes + beliefs
+    for first in (True, False):
+        if not first:
+            if 0 < optimized < 1:  # as a compaction leaves it (EdgeView.optimize, in a child process)
+                t = time.perf_counter()
+                view.optimize()
+                parts["optimize"] += time.perf_counter() - t
+            elif optimized < 1:
+                break
+        for u in range(users):
+            records = user_records(u, episodes, beliefs)
+            records = records[:cut] if first else records[cut:]
+            for start in range(0, len(records), BATCH):
+                chunk = records[start:start + BATCH]
+                t = time.perf_counter()
+                vectors = embedder.embed([e.text for e in chunk])
+                parts["embed"] += time.perf_counter() - t
+                t = time.perf_counter()
+                points = [ViewPoint(point_id("episode", e.user_id, e.episode_id), v, episode_payload(e))
+                          if isinstance(e, EpisodeRecorded) else
+                          ViewPoint(point_id("reflection", e.user_id, e.reflection_id), v, reflection_payload(e))
+                          for e, v in zip(chunk, vectors)]
+                parts["payloads"] += time.perf_counter() - t
+                t = time.perf_counter()
+                view.upsert(points)
+                parts["upsert"] += time.perf_counter() - t
+                total += len(chunk)
     t = time.perf_counter()
     view.flush()
     parts["flush"] = time.perf_counter() - t
-    if optimized:  # as `reflect rebuild` leaves its view (EdgeView.optimize, in a child process)
+    if optimized >= 1:  # as `reflect rebuild` leaves its view (EdgeView.optimize, in a child process)
         t = time.perf_counter()
         view.optimize()
-        parts["optimize"] = time.perf_counter() - t
+        parts["optimize"] += time.perf_counter() - t
     t = time.perf_counter()
     view.close()
     parts["close"] = time.perf_counter() - t
@@ -466,7 +487,7 @@ def empty_worker_rss(settings: Settings, tmp: Path) -> int:
 
 
 def measure(users: int, episodes: int, beliefs: int = 20, n: int = 200, http: bool = True,
-            optimized: bool = False) -> dict:
+            optimized: float = 0.0) -> dict:
     # The worker's default cosine floor for a belief to answer a pattern question,
     # used in-process too so both sides serve the same answers.
     min_score = Settings.load(env={}).recall_min_score
@@ -498,8 +519,10 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=200, help="(user, question) pairs per read")
     parser.add_argument("--quick", action="store_true", help="20 users × 1000 episodes, N=100: a smoke run")
     parser.add_argument("--no-http", action="store_true", help="skip the worker over HTTP")
-    parser.add_argument("--optimized", action="store_true",
-                        help="optimize the store before reading, as `reflect rebuild` leaves it (live-grown: without)")
+    parser.add_argument("--optimized", type=float, nargs="?", const=1.0, default=0.0, metavar="SHARE",
+                        help="optimize the store once SHARE of it is written (alone: 1, as `reflect rebuild` "
+                             "leaves it; 0.67: as a compaction at growth 0.5 leaves it at worst; without: "
+                             "never optimized, grown live)")
     args = parser.parse_args()
     if args.quick:
         args.users, args.episodes, args.n = 20, 1000, 100
