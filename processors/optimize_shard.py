@@ -24,5 +24,18 @@ def optimize(path: str, dim: int, lexical: bool) -> None:
         shard.close()
 
 
+def die_with_parent() -> None:
+    """A worker killed outright (SIGKILL) takes this child with it, rather than
+    leave it optimizing a successor no one will swap in (Linux only)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 if __name__ == "__main__":
+    die_with_parent()
     optimize(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "lexical")

@@ -222,6 +222,15 @@ def _next_name(view: str, name: str) -> str:
 
 OPTIMIZE_TIMEOUT = 3600  # seconds; 209 s at 500k points here: a child past this is taken as hung
 OPTIMIZED_FILE = "reflect-optimized.json"  # in an Edge shard directory: {"points"} when last optimized
+_OPTIMIZING: set[subprocess.Popen] = set()  # the children optimizing a shard now
+
+
+def stop_optimizing() -> None:
+    """Kill the children optimizing a shard: a worker that stops does not wait
+    minutes for one (the rebuild or compaction fails, and its successor is
+    dropped; the next start compacts again)."""
+    for child in list(_OPTIMIZING):
+        child.kill()
 
 
 def edge_config(dim: int, lexical: bool = True):
@@ -433,13 +442,19 @@ class EdgeView:
         hybrid query p50/p95 5.2/8.8 ms, optimized 3.6/5.2). The shard is
         closed meanwhile (one process owns it), then opened again."""
         self.close()
+        child = subprocess.Popen([sys.executable, "-m", "processors.optimize_shard", str(self.path), str(self.dim),
+                                  "lexical" if self.lexical else "dense"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        _OPTIMIZING.add(child)
         try:
-            done = subprocess.run([sys.executable, "-m", "processors.optimize_shard", str(self.path), str(self.dim),
-                                   "lexical" if self.lexical else "dense"], capture_output=True, text=True,
-                                  timeout=OPTIMIZE_TIMEOUT)
-            failed = done.stderr[-2000:] if done.returncode else ""
-        except subprocess.TimeoutExpired:  # run() has killed the child
+            _, errors = child.communicate(timeout=OPTIMIZE_TIMEOUT)
+            failed = (errors[-2000:] or f"exit status {child.returncode}") if child.returncode else ""
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
             failed = f"not done in {OPTIMIZE_TIMEOUT} s"
+        finally:
+            _OPTIMIZING.discard(child)
         self._shard = self._q.EdgeShard.load(str(self.path), self._config)
         if failed:
             raise ViewError(f"optimizing the Qdrant Edge view at {self.path} failed: {failed}")

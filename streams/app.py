@@ -17,7 +17,7 @@ import faust
 from processors import router
 from processors.embedders import make_embedder
 from processors.reasoners import make_reasoner
-from processors.view import EmbedderMismatch, open_view
+from processors.view import EmbedderMismatch, open_view, stop_optimizing
 from streams import api, metrics, pipeline
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
@@ -87,6 +87,7 @@ def create_app(settings: Settings) -> Runtime:
 
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:
+        stop_optimizing()  # a rebuild's or compaction's child: minutes at 500k points
         view.close()
 
     api.install(runtime)

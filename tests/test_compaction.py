@@ -125,3 +125,27 @@ def test_a_grown_view_is_compacted_live_and_answers_as_a_rebuild_does(settings, 
                              capture_output=True, text=True, timeout=150)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert snapshot(w, users + [f"late{i}" for i in range(5)]) == compacted
+
+
+def test_a_stopping_worker_kills_the_optimize_it_would_wait_minutes_for(tmp_path):
+    from processors import view as views
+
+    view = EdgeView(tmp_path, "reflect", 4)
+    view.upsert(_points(30))
+    failed: list[Exception] = []
+    optimizing = threading.Thread(target=lambda: _capture(view.optimize, failed))
+    optimizing.start()
+    wait_for(lambda: views._OPTIMIZING, 10, "the optimize child", every=0.001)
+    views.stop_optimizing()
+    optimizing.join(30)
+    assert not optimizing.is_alive()
+    assert failed and "exit status -9" in str(failed[0])  # killed, and said so
+    assert view.growth() == (30, 0)  # the shard serves as before, not recorded as optimized
+    view.close()
+
+
+def _capture(call, errors: list) -> None:
+    try:
+        call()
+    except Exception as exc:
+        errors.append(exc)
