@@ -30,6 +30,7 @@ from streams.rebuild import Abandoned, Progress, refresh
 
 log = logging.getLogger("reflect")
 
+
 def due(points: int, optimized: int, growth: float, min_points: int) -> bool:
     """Whether a view of `points`, `optimized` of them when last optimized (0:
     never), has grown enough to compact (growth 0: never)."""
