@@ -1,12 +1,16 @@
 """Read latency of the belief layer: pinned beliefs and recall, in-process and over HTTP.
 
     python tests/benchmarks/read_latency.py [--users 100] [--episodes 5000] [--beliefs 20] [--n 200] [--quick]
+                                            [--optimized [SHARE]] [--questions hashing|minilm]
 
 1. build: a store of users × episodes (default 100 × 5000 = 500k) plus
    `--beliefs` beliefs per user (each citing 3–8 of its user's episodes),
    written straight into a Qdrant Edge view at <tmp>/data/view ("reflect")
    with the projector's payloads and hashing-embedder vectors; build time and
-   points/s.
+   points/s. `--optimized SHARE`: the view is optimized once that share of
+   every user's records is in (1: as `reflect rebuild` leaves it; 0.67: a
+   live view compacted at REFLECT_COMPACT_GROWTH 0.5, just before its next
+   compaction); without, never (grown live, with compaction off).
 2. in-process, the view reopened: first the first reads of every user (cold:
    whichever read touches a user's points first pays for faulting them in);
    then, warm, N random (user, question) pairs, round robin with the order
@@ -55,7 +59,7 @@ import orjson  # noqa: E402
 
 import processors.retrieval as retrieval  # noqa: E402
 from conftest import Worker  # noqa: E402
-from processors.embedders import HashingEmbedder  # noqa: E402
+from processors.embedders import HashingEmbedder, make_embedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.extractive import THEME_CUT, generalized, themes  # noqa: E402
 from processors.reflection import Candidate, Weights, rerank  # noqa: E402
@@ -343,8 +347,8 @@ def breakdown(view: EdgeView, embedder, pairs, min_score: float) -> None:
                 print(f"    {label:<40} {spent[key] / n * 1000:7.3f} ms  {spent[key] / total:6.1%}")
 
 
-def in_process(root: Path, users: int, n: int, min_score: float) -> tuple[dict, list, dict]:
-    embedder = HashingEmbedder(DIM)
+def in_process(root: Path, users: int, n: int, min_score: float, questions: str) -> tuple[dict, list, dict]:
+    embedder = make_embedder(questions)
     t = time.perf_counter()
     view = EdgeView(root, VIEW, DIM)
     opened = time.perf_counter() - t
@@ -406,14 +410,15 @@ def fetch(port: int, path: str):
         return orjson.loads(answer.read())
 
 
-def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_score: float) -> tuple[dict, dict]:
+def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_score: float,
+              questions: str) -> tuple[dict, dict]:
     """Stats per route, and the peak RSS (KiB) of this worker and of one over an empty view."""
     with EmbeddedBroker(log_path=str(tmp / "tansu.log")) as broker:
         tag = uuid.uuid4().hex[:6]
         settings = Settings.load(env={}, broker=broker.url, app_id=f"bench-read-{tag}",
                                  topic_episodes=f"episodes-{tag}", topic_requests=f"reflection-requests-{tag}",
                                  topic_reflections=f"reflections-{tag}", data_dir=str(tmp / "data"),
-                                 web_port=free_port(), embedder="hashing", recall_min_score=min_score)
+                                 web_port=free_port(), embedder=questions, recall_min_score=min_score)
         asyncio.run(ensure_topics(settings))
         t = time.perf_counter()
         w = PatientWorker(settings, tmp / "worker.log").start()
@@ -487,15 +492,15 @@ def empty_worker_rss(settings: Settings, tmp: Path) -> int:
 
 
 def measure(users: int, episodes: int, beliefs: int = 20, n: int = 200, http: bool = True,
-            optimized: float = 0.0) -> dict:
+            optimized: float = 0.0, questions: str = "hashing") -> dict:
     # The worker's default cosine floor for a belief to answer a pattern question,
     # used in-process too so both sides serve the same answers.
     min_score = Settings.load(env={}).recall_min_score
     with tempfile.TemporaryDirectory() as tmp:
         view_dir = Path(tmp) / "data" / "view"
         points = build(view_dir, users, episodes, beliefs, optimized)
-        local, pairs, answers = in_process(view_dir, users, n, min_score)
-        remote, rss = over_http(Path(tmp), users, pairs, local, answers, min_score) if http else ({}, {})
+        local, pairs, answers = in_process(view_dir, users, n, min_score, questions)
+        remote, rss = over_http(Path(tmp), users, pairs, local, answers, min_score, questions) if http else ({}, {})
     base = local[SYNTHESIS]
     figures = [figure(f"in-process {name} p{p}", local[name][i], "ms", f"read-time synthesis p{p}", base[i])
                for name in ("beliefs limit=50", "recall pattern", "recall instance") for i, p in ((0, 50), (1, 95))]
@@ -523,11 +528,15 @@ if __name__ == "__main__":
                         help="optimize the store once SHARE of it is written (alone: 1, as `reflect rebuild` "
                              "leaves it; 0.67: as a compaction at growth 0.5 leaves it at worst; without: "
                              "never optimized, grown live)")
+    parser.add_argument("--questions", choices=("hashing", "minilm"), default="hashing",
+                        help="the embedder of the questions, in-process and the worker's (the stored vectors stay "
+                             "hashing: this measures the cost of embedding a question, not relevance)")
     args = parser.parse_args()
     if args.quick:
         args.users, args.episodes, args.n = 20, 1000, 100
     started = time.perf_counter()
-    result = measure(args.users, args.episodes, args.beliefs, args.n, not args.no_http, args.optimized)
+    result = measure(args.users, args.episodes, args.beliefs, args.n, not args.no_http, args.optimized,
+                     args.questions)
     print_scenario("read path", result)
     if "memory" in result:
         print_scenario("memory", result["memory"])
