@@ -47,7 +47,7 @@ def test_demo_forms_cited_beliefs_scores_them_in_numbers_and_the_same_ones_twice
     score = result["score"]
     assert (score["found"], score["of"], score["beliefs"]) == (len(found), 4, len(result["beliefs"]))
     assert all(isinstance(v, int) for v in score.values()) and score["noise"] <= score["beliefs"]
-    assert all(b["reasoner"] == "offline-extractive" and b["prompt_version"] == "extractive-v2"
+    assert all(b["reasoner"] == "offline-extractive" and b["prompt_version"] == "extractive-v3"
                for b in result["beliefs"])
 
 
