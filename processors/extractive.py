@@ -137,14 +137,18 @@ def one_template(a: set[str], b: set[str]) -> bool:
 # evidence is 8 statements a question, so a subsystem that glues is in 3–4 of
 # them: geocoding's unrelated work (a retry with backoff, a dashboard panel,
 # a test run) sat at MiniLM 0.50–0.65 by the name, 0.22–0.30 without it.
-PLACE_DF = 3
+# Feature hashing sees nothing but shared words: without any one of the words
+# a few statements share ("revert of PR …: auth …") they are not alike, so
+# every such word would be taken for a place; an embedder with no entry reads
+# no place words.
+PLACE_DF = {"minilm": 3}
 PLACE_SAMPLE = 12
 
 
 def place_words(statements: Sequence[str], vectors_of: Callable[[Sequence[str]], np.ndarray],
-                cut: float) -> frozenset[str]:
+                cut: float, df: int) -> frozenset[str]:
     """Words that say where, not what: a subsystem's or a service's name that
-    several statements carry and that is all they share — without it, they
+    `df` or more statements carry and that is all they share — without it, they
     are not alike (mean cosine under `cut`). Grouping reads the statements
     without these, so one place's unrelated work does not make a theme, and
     a habit groups across the places it shows up. A word that carries a
@@ -158,7 +162,7 @@ def place_words(statements: Sequence[str], vectors_of: Callable[[Sequence[str]],
             holding.setdefault(w, []).append(i)
     out = set()
     for w in sorted(w for w, held in holding.items()
-                    if len(held) >= PLACE_DF and w.isalpha() and w not in FUNCTION_WORDS):
+                    if len(held) >= df and w.isalpha() and w not in FUNCTION_WORDS):
         vectors = vectors_of([without({w}, cores[i]) for i in holding[w][:PLACE_SAMPLE]])
         if cohesion(list(range(len(vectors))), vectors @ vectors.T) < cut:
             out.add(w)

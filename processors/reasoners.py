@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from processors.embedders import Embedder, HashingEmbedder
-from processors.extractive import (MEMBER_MARGIN, THEME_CUT, asked, belief_text, beliefs_text, core_of, generalized,
+from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of, generalized,
                                    is_belief, place_words, question_about, routine, salient, themes, without)
 from processors.reflection import Insight
 
@@ -86,6 +86,7 @@ class OfflineReasoner:
         self.embedder = embedder or HashingEmbedder()
         self.cut = cut if cut is not None else THEME_CUT.get(self.embedder.name, 0.45)
         self.member_cut = self.cut + MEMBER_MARGIN.get(self.embedder.name, 0.0)
+        self.place_df = PLACE_DF.get(self.embedder.name)  # None: this embedder reads no place words
         self._known: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -106,7 +107,7 @@ class OfflineReasoner:
             return np.array([held[c] for c in cores], dtype=np.float32).reshape(len(cores), self.embedder.dim)
 
     def _places(self, statements: Sequence[str]) -> frozenset[str]:
-        return place_words(statements, self._vectors, self.cut)
+        return place_words(statements, self._vectors, self.cut, self.place_df) if self.place_df else frozenset()
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from processors.embedders import HashingEmbedder
-from processors.extractive import (GAP, belief_text, generalized, group, is_belief, question_about, representative,
-                                   routine, salient, without)
+from processors.extractive import (GAP, belief_text, generalized, group, is_belief, place_words, question_about,
+                                   representative, routine, salient, without)
 from processors import reasoners
 from processors.reasoners import OfflineReasoner
 
@@ -118,6 +118,18 @@ def test_a_subsystem_name_all_its_statements_share_is_read_as_a_gap_and_glues_no
             "Before retrying the failed deploy of uploads, the user asked to see the scheduler logs first.",
             "The reporting backfill failed; the user wanted the scheduler logs before any retry."]
     assert "logs" not in reasoner._places(logs)  # a word that says what recurs keeps them alike without it
+
+
+def test_feature_hashing_reads_no_place_words():
+    reverts = [f"revert of PR {n}: {what}" for n, what in enumerate([
+        "the auth middleware broke login", "auth token refresh failed in staging",
+        "auth session cookie expired early", "auth scopes missing after deploy"])]  # tests/test_episodes_flow.py
+    hashing = OfflineReasoner(HashingEmbedder())
+    # It sees nothing but shared words: without any one of the three they share, they are not alike.
+    assert place_words(reverts, hashing._vectors, hashing.cut, 3) == {"revert", "pr", "auth"}
+    assert hashing._places(reverts) == frozenset()
+    [revert], _ = hashing.insights(question_about(reverts[0]), reverts)  # with them as gaps, nothing is alike
+    assert len(revert.citations) >= 3
 
 
 def test_a_representative_is_closest_to_the_others_its_own_template_copies_not_voting():
