@@ -146,6 +146,39 @@ def weighed(statements: Sequence[str], importance: Sequence[float] | None) -> li
     return [f"[{w:.2f}] {s}" for s, w in zip(statements, importance)]
 
 
+FOUND = re.compile(r" \[found: ([0-9, –]+)\]$")
+
+
+def with_found(question: str, found: Sequence[int]) -> str:
+    """A batched question with the statements found for it, in the order they
+    were retrieved, runs of consecutive numbers as ranges: `… [found: 1–8, 12]`.
+    Without it the model (and the stand-in) sees every question's evidence as
+    one list, and a group of two said as one question's evidence found it is
+    said from a different pool: the demo's Friday pair was said by its weaker
+    member (cosine 0.41 to the pattern, under the score's 0.45) only there."""
+    runs: list[list[int]] = []
+    for k in found:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    said = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    return f"{question} [found: {said}]"
+
+
+def found_of(line: str) -> tuple[str, list[int] | None]:
+    """A batched question as `with_found` wrote it: its text and the statement
+    numbers found for it (None when it names none)."""
+    named = FOUND.search(line)
+    if not named:
+        return line, None
+    numbers: list[int] = []
+    for part in named.group(1).split(", "):
+        low, _, high = part.partition("–")
+        numbers += range(int(low), int(high or low) + 1)
+    return line[:named.start()], numbers
+
+
 def _block(tag: str, items: Sequence[str]) -> str:
     lines = (f"{i}. {_escaped(s)}" for i, s in enumerate(items, start=1))
     return f"<{tag}>\n" + "\n".join(lines) + f"\n</{tag}>"
@@ -219,9 +252,12 @@ class AnthropicReasoner:
                                 INSIGHTS_TOOL, self.max_tokens)
         return [i for i in map(_insight, _items(data)[:n]) if i], usage
 
-    def insights_for(self, questions: Sequence[str], statements: Sequence[str],
-                     n: int = 5) -> tuple[list[tuple[int, Insight]], Usage]:
-        data, usage = self._ask("insights_batch.md", n, f"{_block('questions', questions)}\n{numbered(statements)}",
+    def insights_for(self, questions: Sequence[str], statements: Sequence[str], n: int = 5,
+                     found: Sequence[Sequence[int]] | None = None) -> tuple[list[tuple[int, Insight]], Usage]:
+        """`found`: per question, the numbers (1-based, in the order retrieved) of
+        the statements its evidence step found; each question names them."""
+        asked = [with_found(q, f) for q, f in zip(questions, found)] if found is not None else questions
+        data, usage = self._ask("insights_batch.md", n, f"{_block('questions', asked)}\n{numbered(statements)}",
                                 BATCH_TOOL, self.max_tokens * len(questions))
         out, per_question = [], [0] * len(questions)
         for item in _items(data):

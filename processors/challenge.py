@@ -171,6 +171,7 @@ those through to too under until up very was we were what when where which while
 your user users agent episode said says asked asks told tells today yesterday often together team again
 not no never nothing without none changed longer
 """.split())  # the last line: negation and the offline statements' own words, which say nothing of a subject
+FUNCTION_WORDS = _STOP  # also never a place word (extractive.place_words)
 _CHOOSE = (  # (pattern, group of the chosen term, group of the rejected term)
     (re.compile(r"\b(\w+) (?:over|instead of|rather than|in place of|in favou?r of)\b( \w+)?"), 1, 2),
     (re.compile(r"\bfrom (\w+)(?: \w+)? to (\w+)"), 2, 1),

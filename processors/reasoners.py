@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from processors.embedders import Embedder, HashingEmbedder
-from processors.extractive import (MEMBER_MARGIN, THEME_CUT, asked, belief_text, beliefs_text, core_of, generalized,
-                                   is_belief, question_about, routine, salient, themes)
+from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of, generalized,
+                                   is_belief, place_words, question_about, routine, salient, themes, without)
 from processors.reflection import Insight
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class OfflineReasoner:
     ever quoted."""
 
     name = "offline-extractive"
-    prompt_version = "extractive-v2"
+    prompt_version = "extractive-v3"
     batched = False  # it makes no calls, so there is nothing to save
     dated = True  # the reflector passes when each statement occurred: a belief says over what period
 
@@ -86,25 +86,32 @@ class OfflineReasoner:
         self.embedder = embedder or HashingEmbedder()
         self.cut = cut if cut is not None else THEME_CUT.get(self.embedder.name, 0.45)
         self.member_cut = self.cut + MEMBER_MARGIN.get(self.embedder.name, 0.0)
+        self.place_df = PLACE_DF.get(self.embedder.name)  # None: this embedder reads no place words
         self._known: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
 
-    def _vectors(self, statements: Sequence[str]) -> np.ndarray:
+    def _vectors(self, statements: Sequence[str], places: frozenset[str] = frozenset()) -> np.ndarray:
         """One text at a time, remembered: a text's vector never depends on the
         batch it came in (padding changes the float rounding), so the grouping
-        is the same in every process and every replay."""
-        cores = [core_of(s) for s in statements]
+        is the same in every process and every replay. Place words are read
+        as gaps (extractive.place_words)."""
+        cores = [without(places, core_of(s)) for s in statements]
         with self._lock:
+            held = {}  # this call's vectors: an eviction below cannot take one it still needs
             for text in dict.fromkeys(cores):
                 if text not in self._known:
                     if len(self._known) >= MEMORY:
                         self._known.pop(next(iter(self._known)))  # the oldest: a FIFO bound
                     self._known[text] = self.embedder.embed([text])[0]
-            return np.array([self._known[c] for c in cores], dtype=np.float32).reshape(len(cores), self.embedder.dim)
+                held[text] = self._known[text]
+            return np.array([held[c] for c in cores], dtype=np.float32).reshape(len(cores), self.embedder.dim)
+
+    def _places(self, statements: Sequence[str]) -> frozenset[str]:
+        return place_words(statements, self._vectors, self.cut, self.place_df) if self.place_df else frozenset()
 
     def questions(self, statements: Sequence[str], n: int = 3,
                   importance: Sequence[float] | None = None) -> tuple[list[str], Usage]:
-        vectors = self._vectors(statements)
+        vectors = self._vectors(statements, self._places(statements))
         picked = salient(statements, vectors @ vectors.T, self.cut, importance or [0.0] * len(statements), n)
         return [question_about(statements[said] if said is not None else generalized(statements[i]), usual)
                 for i, usual, said in picked], Usage()
@@ -119,8 +126,8 @@ class OfflineReasoner:
         episodes and never itself, so the reflector reinforces it instead of
         keeping a near-copy; two or more earlier beliefs in one group make a
         belief about them, citing them (one level up)."""
-        vectors, question_ = self._vectors(statements), asked(question)
-        target = self._vectors([question_.about])[0]
+        places, question_ = self._places(statements), asked(question)
+        vectors, target = self._vectors(statements, places), self._vectors([question_.about], places)[0]
         out = []
         for theme in themes(statements, vectors, self.cut):
             if float(np.mean(vectors[list(theme.members)] @ target)) < self.cut:

@@ -270,7 +270,9 @@ def _insights(reasoner: Reasoner, asked, n: int):
     so citations number one list — else one call per question."""
     if getattr(reasoner, "batched", False) and asked:
         pool = list({c.id: c for _, evidence in asked for c in evidence}.values())
-        tagged, usage = reasoner.insights_for([q for q, _ in asked], [c.text for c in pool], n)
+        number = {c.id: k for k, c in enumerate(pool, start=1)}
+        tagged, usage = reasoner.insights_for([q for q, _ in asked], [c.text for c in pool], n,
+                                              found=[[number[c.id] for c in evidence] for _, evidence in asked])
         return [(q, pool, [i for k, i in tagged if k == index]) for index, (q, _) in enumerate(asked)], usage
     answers, usage = [], Usage()
     for question, evidence in asked:

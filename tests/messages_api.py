@@ -62,7 +62,7 @@ class OfflineModel:
             return self._answer(body)
 
     def _answer(self, body: dict) -> tuple[int, dict]:
-        from processors.anthropic_reasoner import IMPORTANCE
+        from processors.anthropic_reasoner import IMPORTANCE, found_of
 
         offline, tool = self.offline, body["tool_choice"]["name"]
         data, system = body["messages"][0]["content"], body["system"][0]["text"]
@@ -76,10 +76,13 @@ class OfflineModel:
             verdict = offline.verdict(belief, _numbered("evidence", data), statements)[0]
             answer = {"verdict": verdict.verdict, "citations": list(verdict.cited), "statement": verdict.statement,
                       "reason": verdict.reason}
-        elif questions:  # the batched prompt
-            answer = {"insights": [{"question": q, "text": i.text, "citations": list(i.citations)}
-                                   for q, question in enumerate(questions, start=1)
-                                   for i in offline.insights(question, statements)[0]]}
+        elif questions:  # the batched prompt: each question over the statements found for it, as v2 is asked
+            answer = {"insights": []}
+            for q, line in enumerate(questions, start=1):
+                question, found = found_of(line)
+                found = found or list(range(1, len(statements) + 1))
+                answer["insights"] += [{"question": q, "text": i.text, "citations": [found[c - 1] for c in i.citations]}
+                                       for i in offline.insights(question, [statements[k - 1] for k in found])[0]]
         else:
             question = data.split("\n", 1)[0].removeprefix("Question: ")
             answer = {"insights": [{"text": i.text, "citations": list(i.citations)}

@@ -9,15 +9,17 @@ import anthropic
 import pytest
 
 from messages_api import MessagesServer, OfflineModel, error, text_answer, tool_answer
-from processors.anthropic_reasoner import (PROMPT_VERSION, AnthropicReasoner, ReasonerError, price_of,
-                                           usage_of)
+from processors.anthropic_reasoner import (PROMPT_VERSION, AnthropicReasoner, ReasonerError, found_of, price_of,
+                                           usage_of, with_found)
 from processors.embedders import HashingEmbedder
 from processors.guard import Breaker, Budget, Spend
 from processors.projector import EpisodeProjector
+from processors.reasoners import OfflineReasoner
 from processors.reflection import Candidate, judge
 from processors.reflector import CycleConfig, run_cycle, window_records
 from processors.view import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
+from streams.sample import history
 from streams.settings import Settings, SettingsError
 
 STATEMENTS = ["reverted PR 12: auth broke login", "reverted PR 31: auth token refresh",
@@ -121,6 +123,45 @@ def test_batched_answers_keep_only_insights_of_a_question_that_was_asked(serve):
         {"question": 2, "text": "Second", "citations": [2, 1]}]}))
     tagged, usage = reasoner.insights_for(["Q1?", "Q2?"], STATEMENTS, 5)
     assert [(k, i.text) for k, i in tagged] == [(0, "Reverts touch auth"), (1, "Second")] and usage.calls == 1
+
+
+def test_a_batched_question_names_the_statements_found_for_it_in_their_order(serve):
+    server, reasoner = serve(tool_answer("record_insights", {"insights": []}))
+    found = [[1, 2, 3, 4], [4, 2, 5, 6, 7, 9]]
+    reasoner.insights_for(["Q1 [found: 8]?", "Q2\n3. a forged line"], STATEMENTS * 3, 5, found=found)
+    block = server.requests[0]["body"]["messages"][0]["content"].split("\n</questions>")[0]
+    assert block.endswith("\n1. Q1 [found: 8]? [found: 1–4]\n2. Q2 3. a forged line [found: 4, 2, 5–7, 9]")
+    lines = block.split("\n")[1:]
+    assert [found_of(line.split(". ", 1)[1]) for line in lines] == \
+        [("Q1 [found: 8]?", [1, 2, 3, 4]), ("Q2 3. a forged line", [4, 2, 5, 6, 7, 9])]
+    assert with_found("Q", [3, 4]) == "Q [found: 3, 4]" and found_of("Q") == ("Q", None)
+
+
+def test_the_batched_path_on_the_stand_in_forms_the_beliefs_of_the_offline_reasoner(tmp_path):
+    """Each question is answered over the evidence found for it, as the offline
+    reasoner is asked in-process, not over every question's evidence together
+    (which changed the sentence of a pair on the demo: tests/test_demo.py)."""
+    embedder, formed = HashingEmbedder(), []
+    episodes = [EpisodeRecorded(user_id="ann", episode_id=e.episode_id, text=e.text, importance=e.importance,
+                                occurred_at=e.occurred_at) for e in history(episodes=400).episodes[:120]]
+    server = MessagesServer(OfflineModel(embedder))
+    offline = OfflineReasoner(embedder)
+    offline.dated = False  # the prompts carry no dates: "(3 times)", not "(3 times, Jun)"
+    client = anthropic.Anthropic(api_key="k", base_url=server.url, max_retries=0, timeout=5)
+    try:
+        for name, reasoner in (("offline", offline), ("anthropic", AnthropicReasoner(client, "claude-haiku-4-5"))):
+            view = EdgeView(tmp_path / name, "reflect", embedder.dim)
+            EpisodeProjector(view, embedder).apply(episodes)
+            window = window_records(view, "ann", [("episode", e.episode_id) for e in episodes])
+            made = run_cycle(ReflectionRequested(user_id="ann", cycle_id="ann:1", why="threshold",
+                                                 occurred_at=episodes[-1].occurred_at),
+                             window, view, embedder, reasoner, CycleConfig())
+            formed.append(sorted((e.text, tuple(sorted(e.evidence_ids))) for e in made
+                                 if isinstance(e, ReflectionCreated)))
+            view.close()
+    finally:
+        server.close()
+    assert formed[0] and formed[1] == formed[0]
 
 
 @pytest.mark.parametrize("batched, calls", [(True, 2), (False, 4)])

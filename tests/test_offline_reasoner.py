@@ -1,11 +1,14 @@
-"""The offline reasoner v2, an extractive pattern finder: pure, no broker, no view."""
+"""The offline reasoner v3, an extractive pattern finder: pure, no broker, no view."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from processors.embedders import HashingEmbedder
-from processors.extractive import GAP, belief_text, generalized, group, is_belief, question_about, routine, salient
+from processors.extractive import (GAP, belief_text, generalized, group, is_belief, place_words, question_about,
+                                   representative, routine, salient, without)
+from processors import reasoners
 from processors.reasoners import OfflineReasoner
 
 REVERTS = ["Reverted PR 12: the auth middleware broke login",
@@ -89,3 +92,58 @@ def test_beliefs_alone_make_a_belief_about_beliefs():
     statements = [belief_text(4, REVERTS[0]), belief_text(3, REVERTS[2]), LUNCH[0]]
     [insight], _ = OfflineReasoner(HashingEmbedder(), cut=0.05).insights(question_about(REVERTS[0]), statements)
     assert insight.citations == (1, 2)
+
+
+# One cycle's evidence on the demo (seed 7): a subsystem's unrelated work, and the Friday habit in it.
+GEOCODING = ["Added an automatic retry with backoff to the geocoding HTTP client.",
+             "Paired with the user on geocoding; a helper was extracted.",
+             "Bumped pydantic to the latest minor version in geocoding; nothing else needed to change.",
+             "No blind restart of the geocoding migration: the user first wanted to read what the container printed.",
+             "End of the week again, so the user kept geocoding off production until Monday.",
+             "The user held back the geocoding rollout until after the weekend.",
+             "Fixed a small bug in geocoding (stale cache key).",
+             "Merged pull request #487, which tidied error messages in geocoding."]
+
+
+def test_a_subsystem_name_all_its_statements_share_is_read_as_a_gap_and_glues_nothing():
+    minilm = pytest.importorskip("processors.minilm").MiniLMEmbedder
+    reasoner = OfflineReasoner(minilm())
+    assert reasoner._places(GEOCODING) == {"geocoding"}  # without it, the statements are not alike
+    assert without({"geocoding"}, GEOCODING[6]) == f"Fixed a small bug in {GAP} (stale cache key)."
+    # v2 said all eight as one habit ("The user held back the geocoding rollout …  (8 times)").
+    assert reasoner.insights(question_about(GEOCODING[1]), GEOCODING)[0] == []
+    [friday], _ = reasoner.insights(question_about(GEOCODING[5]), GEOCODING)
+    assert friday.citations == (5, 6)
+    logs = ["The user held off on rerunning the payments migration until we had gone through its scheduler logs.",
+            "Before retrying the failed deploy of uploads, the user asked to see the scheduler logs first.",
+            "The reporting backfill failed; the user wanted the scheduler logs before any retry."]
+    assert "logs" not in reasoner._places(logs)  # a word that says what recurs keeps them alike without it
+
+
+def test_feature_hashing_reads_no_place_words():
+    reverts = [f"revert of PR {n}: {what}" for n, what in enumerate([
+        "the auth middleware broke login", "auth token refresh failed in staging",
+        "auth session cookie expired early", "auth scopes missing after deploy"])]  # tests/test_episodes_flow.py
+    hashing = OfflineReasoner(HashingEmbedder())
+    # It sees nothing but shared words: without any one of the three they share, they are not alike.
+    assert place_words(reverts, hashing._vectors, hashing.cut, 3) == {"revert", "pr", "auth"}
+    assert hashing._places(reverts) == frozenset()
+    [revert], _ = hashing.insights(question_about(reverts[0]), reverts)  # with them as gaps, nothing is alike
+    assert len(revert.citations) >= 3
+
+
+def test_a_representative_is_closest_to_the_others_its_own_template_copies_not_voting():
+    # 0 and 1: one template with other values; 2 and 3 say the same in other words.
+    similarity = np.array([[1, .95, .55, .40], [.95, 1, .55, .40], [.55, .55, 1, .60], [.40, .40, .60, 1]])
+    members = [0, 1, 2, 3]
+    assert representative(members, members, similarity) == 0  # the copies vote for each other
+    assert representative(members, members, similarity, {0: {1}, 1: {0}, 2: set(), 3: set()}) == 2
+    assert representative([0, 1], members, similarity, {0: {1}, 1: {0}}) == 0  # a tie: the first
+
+
+def test_the_vectors_of_one_call_survive_the_memory_bound(monkeypatch):
+    monkeypatch.setattr(reasoners, "MEMORY", 2)
+    reasoner = OfflineReasoner(HashingEmbedder())
+    first = reasoner._vectors(LUNCH)
+    vectors = reasoner._vectors([LUNCH[0], *REVERTS])  # LUNCH[0] was known, then evicted by this very call
+    assert np.array_equal(vectors[0], first[0]) and vectors.shape == (4, HashingEmbedder().dim)
