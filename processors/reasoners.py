@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from processors.embedders import Embedder, HashingEmbedder
-from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of, generalized,
-                                   is_belief, place_words, question_about, routine, salient, themes, without)
+from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of,
+                                   generalized, is_belief, place_words, question_about, routine, salient, themes,
+                                   without)
 from processors.reflection import Insight
 
 if TYPE_CHECKING:
