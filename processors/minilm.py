@@ -106,6 +106,11 @@ class MiniLMEmbedder:
             tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
             options = ort.SessionOptions()
             options.intra_op_num_threads = os.cpu_count() or 1
+            # No busy-waiting after a run: in a worker the spinning threads took
+            # the cores from the view query that follows a question's embedding
+            # (recall over HTTP at 100 users × 5,000 episodes, p95 22.7 → 17.2 ms,
+            # p50 the same; batches embed as fast: tests/benchmarks/README.md).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             options.log_severity_level = 3
             session = ort.InferenceSession(
                 str(model), sess_options=options, providers=["CPUExecutionProvider"]

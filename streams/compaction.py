@@ -2,8 +2,9 @@
 
 Why. A view that only grows live keeps its points in appendable segments,
 where the BM25 half of a filtered query walks every tenant's postings: at
-100 users × 5,000 episodes a pattern recall over HTTP took p95 16.1 ms grown
-live against 10.9 ms optimized (tests/benchmarks/read_latency.py). Edge's
+100 users × 5,000 episodes a pattern recall over HTTP took p95 14.5–17.8 ms
+grown live, 10.2 ms just compacted and 7.0 ms a third grown since
+(tests/benchmarks/read_latency.py --optimized 0 | 1 | 0.67). Edge's
 optimize holds the GIL for its whole run, so it never runs in the worker.
 
 How. When the view has grown by `REFLECT_COMPACT_GROWTH` past its size when
