@@ -260,6 +260,8 @@ class EdgeView:
             _check_embedder(json.loads(record.read_text()), embedder, dim, view, str(path))
         config = edge_config(dim)
         self.lexical = True
+        optimized = path / OPTIMIZED_FILE  # read once: growth() is asked after every projected batch
+        self._optimized = json.loads(optimized.read_text())["points"] if optimized.exists() else 0
         try:
             if (path / "wal").exists():
                 try:
@@ -458,7 +460,8 @@ class EdgeView:
         self._shard = self._q.EdgeShard.load(str(self.path), self._config)
         if failed:
             raise ViewError(f"optimizing the Qdrant Edge view at {self.path} failed: {failed}")
-        (self.path / OPTIMIZED_FILE).write_text(json.dumps({"points": self.points()}))
+        self._optimized = self.points()
+        (self.path / OPTIMIZED_FILE).write_text(json.dumps({"points": self._optimized}))
 
     def points(self) -> int:
         return self._shard.info().points_count
@@ -466,8 +469,7 @@ class EdgeView:
     def growth(self) -> tuple[int, int]:
         """(points now, points when last optimized; 0 if never): how much of
         the shard a live-grown view holds unoptimized (streams/compaction.py)."""
-        record = self.path / OPTIMIZED_FILE
-        return self.points(), json.loads(record.read_text())["points"] if record.exists() else 0
+        return self.points(), self._optimized
 
     def copy(self) -> "EdgeView":
         """A successor holding what this shard holds: its files, flushed, copied

@@ -136,18 +136,15 @@ def build(root: Path, users: int, episodes: int, beliefs: int, optimized: float 
     view = EdgeView(root, VIEW, DIM)
     parts = defaultdict(float)
     total = 0
-    cut = round(optimized * (episodes + beliefs)) if 0 < optimized < 1 else episodes + beliefs
-    for first in (True, False):
-        if not first:
-            if 0 < optimized < 1:  # as a compaction leaves it (EdgeView.optimize, in a child process)
-                t = time.perf_counter()
-                view.optimize()
-                parts["optimize"] += time.perf_counter() - t
-            elif optimized < 1:
-                break
-        for u in range(users):
-            records = user_records(u, episodes, beliefs)
-            records = records[:cut] if first else records[cut:]
+    n = episodes + beliefs
+    cut = round(min(optimized, 1.0) * n)
+    for i, (low, high) in enumerate([(0, cut), (cut, n)] if optimized > 0 else [(0, n)]):
+        if i:  # as a rebuild or a compaction leaves it (EdgeView.optimize, in a child process)
+            t = time.perf_counter()
+            view.optimize()
+            parts["optimize"] += time.perf_counter() - t
+        for u in range(users if low < high else 0):
+            records = user_records(u, episodes, beliefs)[low:high]
             for start in range(0, len(records), BATCH):
                 chunk = records[start:start + BATCH]
                 t = time.perf_counter()
@@ -166,10 +163,6 @@ def build(root: Path, users: int, episodes: int, beliefs: int, optimized: float 
     t = time.perf_counter()
     view.flush()
     parts["flush"] = time.perf_counter() - t
-    if optimized >= 1:  # as `reflect rebuild` leaves its view (EdgeView.optimize, in a child process)
-        t = time.perf_counter()
-        view.optimize()
-        parts["optimize"] += time.perf_counter() - t
     t = time.perf_counter()
     view.close()
     parts["close"] = time.perf_counter() - t
