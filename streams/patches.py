@@ -54,3 +54,19 @@ def patch_flow_control_resume() -> None:
 
     resume_if_suspended.patched = True
     FlowControlEvent.resume = resume_if_suspended
+
+
+def release(app, message) -> None:
+    """Let a stopping or revoked consumer go on without `message`, left
+    unacknowledged on purpose (a batch given up: streams/pipeline/runner.py),
+    so its offset is not committed and it is read again.
+
+    Faust's handover waits until every message it delivered is acknowledged
+    or no longer held (`_unacked_messages` is a WeakSet), and its stream
+    iterator holds the last message it delivered until the next one comes,
+    which it never does once the flow is stopped: without this the handover
+    waited for that message forever.
+    """
+    consumer = getattr(app, "consumer", None)
+    if consumer is not None:
+        consumer._unacked_messages.discard(message)

@@ -131,6 +131,16 @@ class Runtime:
         runtime.ownership = Ownership(runtime)
         return runtime
 
+    def handing_over(self) -> bool:
+        """The worker is stopping, or a rebalance is revoking its partitions:
+        Faust has stopped the flow of events (its streams skip what still
+        comes) and waits for those in hand, so a batch waiting on another
+        agent (a cycle to be done) would wait for a request that is no longer
+        coming. Not `app.rebalancing`: that stays set while the flow resumes,
+        until the worker is ready."""
+        flow = getattr(self.app, "flow_control", None)  # None: the tests' in-memory app
+        return bool(getattr(self.app, "should_stop", False)) or (flow is not None and not flow.is_active())
+
     def user_lock(self, user_id: str) -> asyncio.Lock:
         """Held while a user's invalidator state is read, changed and written:
         the episodes and the reflections pipelines both change it."""

@@ -31,3 +31,23 @@ def test_the_runner_reads_batches_through_faust_s_manual_ack_api():
     assert callable(Stream.noack_take) and callable(Stream.ack)
     code = [line.split("#")[0] for line in inspect.getsource(Stream.noack_take).splitlines()]
     assert not any("self.ack(" in line for line in code)  # it leaves the acks to us
+
+
+def test_a_message_given_up_is_no_longer_waited_for_by_the_handover():
+    """streams/patches.release: Faust's wait_empty waits on the consumer's
+    `_unacked_messages`, and release takes a message out of it."""
+    import faust
+    from faust.transport.consumer import Consumer
+
+    from streams.patches import release
+
+    assert "self._unacked_messages" in inspect.getsource(Consumer.wait_empty)
+    app = faust.App("patch-test", broker="kafka://127.0.0.1:1")
+
+    class Message:  # a stand-in for faust's Message: only its identity matters here
+        pass
+    given_up, other = Message(), Message()
+    unacked = app.consumer._unacked_messages
+    unacked.add(given_up), unacked.add(other)
+    release(app, given_up)
+    assert given_up not in unacked and other in unacked

@@ -37,10 +37,11 @@ from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProject
 from schemas import ChallengeRequested, EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
 from streams import metrics
 from streams.pipeline.policy import FAILED
-from streams.pipeline.runner import Runner
+from streams.pipeline.runner import HandedOver, Runner
 from streams.runtime import Runtime, write
 
 log = logging.getLogger("reflect")
+HANDOVER_CHECK = 0.5  # seconds between looks for a handover while a batch waits for cycles
 
 
 def segments(admitted: list[tuple[Event, Any]]) -> list[list[tuple[Event, Any]]]:
@@ -217,17 +218,27 @@ class EpisodesPipeline(Runner):
 
     async def cycles_settled(self, user: str, asked: int | None = None) -> None:
         """Wait (bounded) until the cycles of every request asked for this user
-        (or of the first `asked` of them) are done."""
-        done, tables = self.runtime.cycle_done, self.runtime.tables
+        (or of the first `asked` of them) are done. Given up (HandedOver) when
+        the worker hands its partitions over: the requests agent then reads no
+        more requests, so the cycle may never come."""
+        done, tables, runtime = self.runtime.cycle_done, self.runtime.tables, self.runtime
         settled = (lambda: not self.due(user)) if asked is None else \
             (lambda: (tables.requests_done.get(user) or 0) >= asked)
-        try:
-            async with done:
-                await asyncio.wait_for(done.wait_for(settled), self.runtime.settings.cycle_wait)
-        except asyncio.TimeoutError:
-            log.warning("user %s waited %.0f s for the user's cycles and goes on (a retraction, or the "
-                        "contradiction gate): beliefs of the cycle still running may depend on timing "
-                        "(REFLECT_CYCLE_WAIT)", user, self.runtime.settings.cycle_wait)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + runtime.settings.cycle_wait
+        async with done:
+            while not settled():
+                if runtime.handing_over():
+                    raise HandedOver(f"user {user} waited for the user's cycles")
+                if loop.time() >= deadline:
+                    log.warning("user %s waited %.0f s for the user's cycles and goes on (a retraction, or the "
+                                "contradiction gate): beliefs of the cycle still running may depend on timing "
+                                "(REFLECT_CYCLE_WAIT)", user, runtime.settings.cycle_wait)
+                    return
+                try:  # woken by each cycle done; a handover notifies nothing, so it is looked for every HANDOVER_CHECK
+                    await asyncio.wait_for(done.wait(), min(HANDOVER_CHECK, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    pass
 
     async def invalidate(self, retraction: EpisodeRetracted, message) -> None:
         """The provenance walk of one retraction: its events into the view, then

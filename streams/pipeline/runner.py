@@ -17,9 +17,19 @@ from typing import Any
 from processors.dlq import accept, carried
 from schemas import ContractError, Event
 from streams import compaction, metrics
+from streams.patches import release
 from streams.runtime import Runtime
 
 log = logging.getLogger("reflect")
+
+
+class HandedOver(BaseException):
+    """A batch given up because the worker hands its partitions over (it
+    stops, or a rebalance revokes them) while the batch waits on another
+    agent. It is left unacknowledged and read again from the last commit by
+    whoever owns its partition next, as after a crash: every effect is
+    idempotent. A BaseException, like a cancellation, so that no step's
+    error policy takes it for a failure of the record."""
 
 
 class Runner:
@@ -36,22 +46,48 @@ class Runner:
         settings = self.runtime.settings
         batches = stream.noack_take(settings.projector_batch, within=settings.projector_within)
         ahead = asyncio.ensure_future(self.read_ahead(batches))
+        abandoned = False
         try:
             while True:
                 try:
-                    events, admitted, prepared = await ahead
+                    batch = await ahead
                 except StopAsyncIteration:
                     return
                 ahead = asyncio.ensure_future(self.read_ahead(batches))
-                await self.runtime.ownership.wait_whole(events)  # a partition just gained is caught up first
-                await self.handle(admitted, await prepared)
-                if self.PROJECTS:  # how far the view holds this topic: streams/ownership.py
-                    self.runtime.ownership.applied(events)
-                    await compaction.check(self.runtime)
-                for event in events:
-                    await stream.ack(event)
+                abandoned = await self.step(stream, *batch, abandoned=abandoned)
+                del batch  # Faust's handover waits until the events of a batch given up are no longer held
         finally:
             ahead.cancel()  # a batch read ahead is not acknowledged: it is read again after a restart
+
+    async def step(self, stream, events, admitted, prepared, abandoned: bool) -> bool:
+        """One batch handled and acknowledged; whether it was given up instead.
+        After a batch is given up, those read before the handover are dropped
+        too: handled now, they would go before it. Faust ends the handover
+        only once they are dropped, so what comes after is read afresh from
+        the last commit."""
+        if abandoned and self.runtime.handing_over():
+            prepared.cancel()
+            self.give_up(events)
+            return True
+        await self.runtime.ownership.wait_whole(events)  # a partition just gained is caught up first
+        try:
+            await self.handle(admitted, await prepared)
+        except HandedOver as why:
+            log.warning("a batch of %d event(s) left unacknowledged while the worker hands its partitions over "
+                        "(%s): it is read again from the last commit", len(events), why)
+            self.give_up(events)
+            return True
+        if self.PROJECTS:  # how far the view holds this topic: streams/ownership.py
+            self.runtime.ownership.applied(events)
+            await compaction.check(self.runtime)
+        for event in events:
+            await stream.ack(event)
+        return False
+
+    def give_up(self, events) -> None:
+        """Not acknowledged, so not committed, and not waited for either."""
+        for event in events:
+            release(self.runtime.app, event.message)
 
     async def read_ahead(self, batches):
         events = await batches.__anext__()

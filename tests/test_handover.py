@@ -1,0 +1,81 @@
+"""A worker hands its partitions over promptly. Asked to stop while a batch
+of episodes waits for a cycle, it gives the batch up unacknowledged instead
+of waiting for a request its stopped consumer will never read; with a batch
+of requests in hand, it finishes the cycle it is in and gives up the rest
+rather than run them all. The worker after it redoes what was given up,
+nothing lost.
+
+    python -m pytest tests/test_handover.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+
+from conftest import wait_for
+from messages_api import MessagesServer, OfflineModel
+from streams.topics import ensure_topics
+from test_determinism import publish
+from test_faults_crash import SHORT_GROUP_TIMEOUTS, Workers, episode_stream, make_settings, read_events
+
+pytestmark = pytest.mark.integration
+
+EPISODES = 16  # one user's, each asking for a cycle
+CALL_SECONDS = 1.5  # the stand-in model's delay per call: a cycle is in hand while the next is asked
+STOP_BOUND = 10.0  # seconds: under the 120 s a batch may wait for cycles, and the 21 s of 14 cycles
+
+
+@pytest.mark.parametrize("waiting", ["episodes", "requests"])
+def test_a_stop_gives_up_what_waits_and_loses_nothing(broker, tmp_path, waiting):
+    """Every episode asks for a cycle. `episodes`: the contradiction gate
+    makes the user's next episode wait for it, one episode a batch; stopped
+    with a cycle in hand, the worker's consumer reads no more requests, and
+    without the handover the episode waits for the next cycle until
+    REFLECT_CYCLE_WAIT. `requests`: no gate, so the requests come in batches,
+    each cycle a model call."""
+    api = MessagesServer(OfflineModel(), delay=CALL_SECONDS)
+    settings = make_settings(broker.url, tmp_path / "data", reasoner="anthropic", threshold=1.0, min_episodes=1,
+                             **(dict(challenge="on", projector_batch=1) if waiting == "episodes" else {}),
+                             **SHORT_GROUP_TIMEOUTS)
+    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    user = "u1"
+    episodes = [replace(e, importance=1.0) for e in episode_stream([user], EPISODES)]
+    asyncio.run(ensure_topics(settings))
+    workers = Workers(tmp_path)
+    try:
+        worker = workers.start(settings, env)
+        asyncio.run(publish(settings, episodes))
+        wait_for(lambda: len(api.requests) >= 2, 60, "the second cycle calling the model")
+        if waiting == "episodes":
+            assert worker.stats(user).get("episodes", 0) < EPISODES, "the stop must come while episodes wait"
+
+        started = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)
+        try:
+            worker.process.wait(STOP_BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not stop within {STOP_BOUND:g} s of SIGTERM: {worker.tail()}")
+        stopped = time.monotonic() - started
+        worker.stop()
+        assert "left unacknowledged while the worker hands its partitions over" in worker.log_path.read_text()
+
+        api.delay = 0.0
+        worker = workers.start(settings, env)
+        cycles = lambda: {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # noqa: E731
+                          if e["type"] == "ReflectionCycleCompleted"}
+        wait_for(lambda: worker.stats(user).get("episodes") == EPISODES and worker.stats(user).get("cycles") == EPISODES
+                 and len(cycles()) >= EPISODES, 120, "every episode in the view and every cycle done")
+        requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)
+                    if e["type"] == "ReflectionRequested"}
+        assert requests <= cycles(), f"requests never answered: {sorted(requests - cycles())}"
+        print(f"\n[{waiting}] stopped {stopped:.1f} s after SIGTERM, a cycle in hand ({CALL_SECONDS:g} s a call); "
+              f"after the restart {len(requests)} cycles asked, all done")
+    finally:
+        workers.stop_all()
+        api.close()
