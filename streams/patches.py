@@ -67,6 +67,9 @@ def release(app, message) -> None:
     which it never does once the flow is stopped: without this the handover
     waited for that message forever.
     """
+    from mode.utils.futures import notify
+
     consumer = getattr(app, "consumer", None)
     if consumer is not None:
         consumer._unacked_messages.discard(message)
+        notify(consumer._waiting_for_ack)  # as an ack does: the handover looks again now, not in a second

@@ -2,8 +2,9 @@
 of episodes waits for a cycle, it gives the batch up unacknowledged instead
 of waiting for a request its stopped consumer will never read; with a batch
 of requests in hand, it finishes the cycle it is in and gives up the rest
-rather than run them all. The worker after it redoes what was given up,
-nothing lost.
+rather than run them all. A rebalance that revokes its partitions is handed
+over the same way. The worker after it redoes what was given up, nothing
+lost.
 
     python -m pytest tests/test_handover.py -s
 """
@@ -18,8 +19,9 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import wait_for
+from conftest import TEST_BROKER, wait_for
 from messages_api import MessagesServer, OfflineModel
+from streams.broker import free_port
 from streams.topics import ensure_topics
 from test_determinism import publish
 from test_faults_crash import SHORT_GROUP_TIMEOUTS, Workers, episode_stream, make_settings, read_events
@@ -76,6 +78,53 @@ def test_a_stop_gives_up_what_waits_and_loses_nothing(broker, tmp_path, waiting)
         assert requests <= cycles(), f"requests never answered: {sorted(requests - cycles())}"
         print(f"\n[{waiting}] stopped {stopped:.1f} s after SIGTERM, a cycle in hand ({CALL_SECONDS:g} s a call); "
               f"after the restart {len(requests)} cycles asked, all done")
+    finally:
+        workers.stop_all()
+        api.close()
+
+
+# On noida-db 0.2.3 (seen twice) the revoked worker's commit at the end of
+# its handover was refused with IllegalGeneration; it rejoined under a new
+# member id, and the group joined again every session timeout from then on,
+# as after a dead member (tests/test_faults_crash.py). Tansu hands over in ~9 s.
+@pytest.mark.skipif(TEST_BROKER == "noida", reason="noida-db 0.2.3 refuses a commit made during a rebalance "
+                    "(IllegalGeneration), so the revoked worker rejoins as a new member and the group never settles")
+def test_a_rebalance_while_a_batch_waits_for_a_cycle_goes_on_at_once_and_loses_nothing(broker, tmp_path):
+    """A second worker joins while the first one's episodes wait for a cycle
+    (the gate, as above): the first gives the batch up at the revoke, so the
+    rebalance is not held for REFLECT_CYCLE_WAIT, and between the two workers
+    every episode and cycle is done once the model answers."""
+    api = MessagesServer(OfflineModel(), delay=CALL_SECONDS)
+    settings = make_settings(broker.url, tmp_path / "data", reasoner="anthropic", threshold=1.0, min_episodes=1,
+                             challenge="on", projector_batch=1, **SHORT_GROUP_TIMEOUTS)
+    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    user = "u1"
+    episodes = [replace(e, importance=1.0) for e in episode_stream([user], EPISODES)]
+    asyncio.run(ensure_topics(settings))
+    workers = Workers(tmp_path)
+    try:
+        first = workers.start(settings, env)
+        asyncio.run(publish(settings, episodes))
+        wait_for(lambda: len(api.requests) >= 2, 60, "the second cycle calling the model")
+        assert first.stats(user).get("episodes", 0) < EPISODES, "the rebalance must come while episodes wait"
+
+        started = time.monotonic()
+        second = workers.start(replace(settings, data_dir=str(tmp_path / "data-2"), web_port=free_port()), env,
+                               name="second")
+        joined = time.monotonic() - started
+        assert "left unacknowledged while the worker hands its partitions over" in first.log_path.read_text()
+
+        api.delay = 0.0
+        cycles = lambda: {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # noqa: E731
+                          if e["type"] == "ReflectionCycleCompleted"}
+        wait_for(lambda: second.stats(user).get("episodes") == EPISODES and second.stats(user).get("cycles") == EPISODES
+                 and len(cycles()) >= EPISODES, 120, "every episode in the view and every cycle done")
+        requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)
+                    if e["type"] == "ReflectionRequested"}
+        assert requests <= cycles(), f"requests never answered: {sorted(requests - cycles())}"
+        print(f"\n[rebalance] the second worker was ready {joined:.1f} s after it started; "
+              f"{len(requests)} cycles asked, all done")
+        assert joined < STOP_BOUND + SHORT_GROUP_TIMEOUTS["session_timeout"], "the rebalance waited for a cycle"
     finally:
         workers.stop_all()
         api.close()

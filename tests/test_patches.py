@@ -35,19 +35,25 @@ def test_the_runner_reads_batches_through_faust_s_manual_ack_api():
 
 def test_a_message_given_up_is_no_longer_waited_for_by_the_handover():
     """streams/patches.release: Faust's wait_empty waits on the consumer's
-    `_unacked_messages`, and release takes a message out of it."""
+    `_unacked_messages`, and release takes a message out of it and wakes the
+    wait as an acknowledgement does."""
     import faust
     from faust.transport.consumer import Consumer
 
     from streams.patches import release
 
     assert "self._unacked_messages" in inspect.getsource(Consumer.wait_empty)
-    app = faust.App("patch-test", broker="kafka://127.0.0.1:1")
+    assert "self._waiting_for_ack" in inspect.getsource(Consumer._wait_for_ack)
 
     class Message:  # a stand-in for faust's Message: only its identity matters here
         pass
-    given_up, other = Message(), Message()
-    unacked = app.consumer._unacked_messages
-    unacked.add(given_up), unacked.add(other)
-    release(app, given_up)
-    assert given_up not in unacked and other in unacked
+
+    async def released() -> tuple:
+        app = faust.App("patch-test", broker="kafka://127.0.0.1:1")
+        given_up, other = Message(), Message()
+        unacked = app.consumer._unacked_messages
+        unacked.add(given_up), unacked.add(other)
+        app.consumer._waiting_for_ack = waiting = asyncio.get_running_loop().create_future()
+        release(app, given_up)
+        return given_up in unacked, other in unacked, waiting.done()
+    assert asyncio.run(released()) == (False, True, True)  # out of the set, and wait_empty woken
