@@ -12,6 +12,7 @@ lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import time
@@ -31,32 +32,57 @@ pytestmark = pytest.mark.integration
 EPISODES = 16  # one user's, each asking for a cycle
 CALL_SECONDS = 1.5  # the stand-in model's delay per call: a cycle is in hand while the next is asked
 STOP_BOUND = 10.0  # seconds: under the 120 s a batch may wait for cycles, and the 21 s of 14 cycles
+USER = "u1"
+GIVEN_UP = "left unacknowledged while the worker hands its partitions over"
+GATED = dict(challenge="on", projector_batch=1)  # each episode waits for the cycle before it, one a batch
+
+
+@contextlib.contextmanager
+def busy_worker(broker, tmp_path, **overrides):
+    """(workers, the first one, its settings and env, the model) once the
+    user's second cycle is calling the slow model; everything stopped after."""
+    api = MessagesServer(OfflineModel(), delay=CALL_SECONDS)
+    settings = make_settings(broker.url, tmp_path / "data", reasoner="anthropic", threshold=1.0, min_episodes=1,
+                             **overrides, **SHORT_GROUP_TIMEOUTS)
+    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    asyncio.run(ensure_topics(settings))
+    workers = Workers(tmp_path)
+    try:
+        worker = workers.start(settings, env)
+        asyncio.run(publish(settings, [replace(e, importance=1.0) for e in episode_stream([USER], EPISODES)]))
+        wait_for(lambda: len(api.requests) >= 2, 60, "the second cycle calling the model")
+        if overrides == GATED:
+            assert worker.stats(USER).get("episodes", 0) < EPISODES, "the handover must come while episodes wait"
+        yield workers, worker, settings, env, api
+    finally:
+        workers.stop_all()
+        api.close()
+
+
+def all_done(worker, settings) -> int:
+    """Waits until every episode is in the view and every cycle asked is
+    done; the number of cycles asked."""
+    def cycles() -> set:
+        return {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
+                if e["type"] == "ReflectionCycleCompleted"}
+    wait_for(lambda: worker.stats(USER).get("episodes") == EPISODES and worker.stats(USER).get("cycles") == EPISODES
+             and len(cycles()) >= EPISODES, 120, "every episode in the view and every cycle done")
+    requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)
+                if e["type"] == "ReflectionRequested"}
+    assert requests <= cycles(), f"requests never answered: {sorted(requests - cycles())}"
+    return len(requests)
 
 
 @pytest.mark.parametrize("waiting", ["episodes", "requests"])
 def test_a_stop_gives_up_what_waits_and_loses_nothing(broker, tmp_path, waiting):
     """Every episode asks for a cycle. `episodes`: the contradiction gate
-    makes the user's next episode wait for it, one episode a batch; stopped
-    with a cycle in hand, the worker's consumer reads no more requests, and
-    without the handover the episode waits for the next cycle until
-    REFLECT_CYCLE_WAIT. `requests`: no gate, so the requests come in batches,
-    each cycle a model call."""
-    api = MessagesServer(OfflineModel(), delay=CALL_SECONDS)
-    settings = make_settings(broker.url, tmp_path / "data", reasoner="anthropic", threshold=1.0, min_episodes=1,
-                             **(dict(challenge="on", projector_batch=1) if waiting == "episodes" else {}),
-                             **SHORT_GROUP_TIMEOUTS)
-    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
-    user = "u1"
-    episodes = [replace(e, importance=1.0) for e in episode_stream([user], EPISODES)]
-    asyncio.run(ensure_topics(settings))
-    workers = Workers(tmp_path)
-    try:
-        worker = workers.start(settings, env)
-        asyncio.run(publish(settings, episodes))
-        wait_for(lambda: len(api.requests) >= 2, 60, "the second cycle calling the model")
-        if waiting == "episodes":
-            assert worker.stats(user).get("episodes", 0) < EPISODES, "the stop must come while episodes wait"
-
+    makes the user's next episode wait for it; stopped with a cycle in hand,
+    the worker's consumer reads no more requests, and without the handover
+    the episode waits for the next cycle until REFLECT_CYCLE_WAIT.
+    `requests`: no gate, so the requests come in batches, each cycle a model
+    call."""
+    with busy_worker(broker, tmp_path, **(GATED if waiting == "episodes" else {})) as (workers, worker, settings,
+                                                                                       env, api):
         started = time.monotonic()
         worker.process.send_signal(signal.SIGTERM)
         try:
@@ -65,22 +91,12 @@ def test_a_stop_gives_up_what_waits_and_loses_nothing(broker, tmp_path, waiting)
             pytest.fail(f"the worker did not stop within {STOP_BOUND:g} s of SIGTERM: {worker.tail()}")
         stopped = time.monotonic() - started
         worker.stop()
-        assert "left unacknowledged while the worker hands its partitions over" in worker.log_path.read_text()
+        assert GIVEN_UP in worker.log_path.read_text()
 
         api.delay = 0.0
-        worker = workers.start(settings, env)
-        cycles = lambda: {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # noqa: E731
-                          if e["type"] == "ReflectionCycleCompleted"}
-        wait_for(lambda: worker.stats(user).get("episodes") == EPISODES and worker.stats(user).get("cycles") == EPISODES
-                 and len(cycles()) >= EPISODES, 120, "every episode in the view and every cycle done")
-        requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)
-                    if e["type"] == "ReflectionRequested"}
-        assert requests <= cycles(), f"requests never answered: {sorted(requests - cycles())}"
+        asked = all_done(workers.start(settings, env), settings)
         print(f"\n[{waiting}] stopped {stopped:.1f} s after SIGTERM, a cycle in hand ({CALL_SECONDS:g} s a call); "
-              f"after the restart {len(requests)} cycles asked, all done")
-    finally:
-        workers.stop_all()
-        api.close()
+              f"after the restart {asked} cycles asked, all done")
 
 
 # On noida-db 0.2.3 (seen twice) the revoked worker's commit at the end of
@@ -94,37 +110,15 @@ def test_a_rebalance_while_a_batch_waits_for_a_cycle_goes_on_at_once_and_loses_n
     (the gate, as above): the first gives the batch up at the revoke, so the
     rebalance is not held for REFLECT_CYCLE_WAIT, and between the two workers
     every episode and cycle is done once the model answers."""
-    api = MessagesServer(OfflineModel(), delay=CALL_SECONDS)
-    settings = make_settings(broker.url, tmp_path / "data", reasoner="anthropic", threshold=1.0, min_episodes=1,
-                             challenge="on", projector_batch=1, **SHORT_GROUP_TIMEOUTS)
-    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
-    user = "u1"
-    episodes = [replace(e, importance=1.0) for e in episode_stream([user], EPISODES)]
-    asyncio.run(ensure_topics(settings))
-    workers = Workers(tmp_path)
-    try:
-        first = workers.start(settings, env)
-        asyncio.run(publish(settings, episodes))
-        wait_for(lambda: len(api.requests) >= 2, 60, "the second cycle calling the model")
-        assert first.stats(user).get("episodes", 0) < EPISODES, "the rebalance must come while episodes wait"
-
+    with busy_worker(broker, tmp_path, **GATED) as (workers, first, settings, env, api):
         started = time.monotonic()
         second = workers.start(replace(settings, data_dir=str(tmp_path / "data-2"), web_port=free_port()), env,
                                name="second")
         joined = time.monotonic() - started
-        assert "left unacknowledged while the worker hands its partitions over" in first.log_path.read_text()
+        assert GIVEN_UP in first.log_path.read_text()
 
         api.delay = 0.0
-        cycles = lambda: {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # noqa: E731
-                          if e["type"] == "ReflectionCycleCompleted"}
-        wait_for(lambda: second.stats(user).get("episodes") == EPISODES and second.stats(user).get("cycles") == EPISODES
-                 and len(cycles()) >= EPISODES, 120, "every episode in the view and every cycle done")
-        requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)
-                    if e["type"] == "ReflectionRequested"}
-        assert requests <= cycles(), f"requests never answered: {sorted(requests - cycles())}"
-        print(f"\n[rebalance] the second worker was ready {joined:.1f} s after it started; "
-              f"{len(requests)} cycles asked, all done")
+        asked = all_done(second, settings)
+        print(f"\n[rebalance] the second worker was ready {joined:.1f} s after it started; {asked} cycles asked, "
+              "all done")
         assert joined < STOP_BOUND + SHORT_GROUP_TIMEOUTS["session_timeout"], "the rebalance waited for a cycle"
-    finally:
-        workers.stop_all()
-        api.close()
