@@ -21,7 +21,7 @@ from processors.view import EmbedderMismatch, open_view, stop_optimizing
 from streams import api, metrics, pipeline
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
-from streams.patches import patch_fetch_wait, patch_flow_control_resume
+from streams.patches import forget_given_up, patch_commit_floor, patch_fetch_wait, patch_flow_control_resume
 from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -30,6 +30,7 @@ from streams.settings import Settings, SettingsError
 def faust_app(settings: Settings) -> faust.App:
     patch_fetch_wait()
     patch_flow_control_resume()
+    patch_commit_floor()
     app = faust.App(
         settings.app_id,
         broker=settings.broker,
@@ -64,6 +65,10 @@ def faust_app(settings: Settings) -> faust.App:
         web_in_thread=False,
     )
     app.fetch_wait_ms = round(settings.fetch_wait * 1000)
+
+    @app.on_partitions_assigned.connect
+    async def read_again(app, assigned, **kwargs) -> None:
+        forget_given_up(app)
     return app
 
 
