@@ -69,8 +69,9 @@ def release(app, message) -> None:
     waited for that message forever. And Faust acknowledges, as skipped, the
     messages its streams meet while the flow is stopped; its commit stops at
     a gap only once a partition has a commit above 0, and not at a gap of
-    one message, so those later offsets were committed past the message
-    given up (seen once in CI: a stopped worker's requests were never run).
+    one message, so those later offsets could be committed past the message
+    given up (the likely cause of one CI failure, in which a stopped worker's
+    remaining requests were never run).
     """
     from mode.utils.futures import notify
 
