@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 
+import faust
 from aiokafka import AIOKafkaConsumer
+from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
 from faust.types import TP
 
-from streams.patches import patch_fetch_wait
+from streams.patches import forget_given_up, patch_commit_floor, patch_fetch_wait, release
 
 
 class Message:
@@ -46,11 +47,6 @@ def test_a_message_given_up_is_no_longer_waited_for_by_the_handover():
     """streams/patches.release: Faust's wait_empty waits on the consumer's
     `_unacked_messages`, and release takes a message out of it and wakes the
     wait as an acknowledgement does."""
-    import faust
-    from faust.transport.consumer import Consumer
-
-    from streams.patches import release
-
     assert "self._unacked_messages" in inspect.getsource(Consumer.wait_empty)
     assert "self._waiting_for_ack" in inspect.getsource(Consumer._wait_for_ack)
 
@@ -68,9 +64,6 @@ def test_a_message_given_up_is_no_longer_waited_for_by_the_handover():
 def test_no_commit_passes_a_message_given_up():
     """streams/patches.patch_commit_floor: Faust's own gap check lets a
     commit pass a single message given up; the floor stops it there."""
-    import faust
-    from streams.patches import forget_given_up, patch_commit_floor, release
-
     patch_commit_floor()
 
     async def offsets() -> tuple:

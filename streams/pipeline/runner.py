@@ -55,7 +55,6 @@ class Runner:
                     return
                 ahead = asyncio.ensure_future(self.read_ahead(batches))
                 abandoned = await self.step(stream, *batch, abandoned=abandoned)
-                del batch  # Faust's handover waits until the events of a batch given up are no longer held
         finally:
             ahead.cancel()  # a batch read ahead is not acknowledged: it is read again after a restart
 
@@ -63,8 +62,8 @@ class Runner:
         """One batch handled and acknowledged; whether it was given up instead.
         After a batch is given up, those read before the handover are dropped
         too: handled now, they would go before it. Faust ends the handover
-        only once they are dropped, so what comes after is read afresh from
-        the last commit."""
+        only once every message it delivered is acknowledged or given up, so
+        what comes after is read afresh from the last commit."""
         if abandoned and self.runtime.handing_over():
             prepared.cancel()
             self.give_up(events)
