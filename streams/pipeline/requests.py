@@ -8,9 +8,6 @@ view *before* publishing them, so the user's next cycle sees them whatever
 the reflections pipeline has read — and mark the cycle done. A request whose
 sequence is already marked done (a redelivery after a crash) is skipped.
 
-A worker handing its partitions over (stopping, or revoked) gives up the
-rest of its batch after the cycle in hand (see runner.HandedOver).
-
 A transient fault (the view, the broker) retries the cycle; a deterministic
 one is dead-lettered with the request (stage "reflect"). Either way the
 accumulator has reset: a failing cycle is never asked again by itself.
@@ -32,7 +29,7 @@ from schemas import ChallengeRequested, Event, ReflectionCycleCompleted, Reflect
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
-from streams.pipeline.runner import HandedOver, Runner
+from streams.pipeline.runner import Runner
 from streams.runtime import Runtime, write
 
 log = logging.getLogger("reflect")
@@ -54,8 +51,6 @@ class RequestsPipeline(Runner):
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         for request, message in admitted:
-            if self.runtime.handing_over():  # a cycle takes seconds; the next owner skips those marked done
-                raise HandedOver(f"{len(admitted)} requests in hand, the next {request.cycle_id}")
             await self.reflect(request, message)
 
     def done_already(self, request: ReflectionRequested) -> bool:
