@@ -161,12 +161,13 @@ def read_events(settings: Settings, topic: str) -> list[dict]:
 class Feed:
     """Publishes episodes in order at a steady rate (None: at once) from its own
     thread (its own event loop and producer); remembers which the broker
-    acknowledged."""
+    acknowledged, and when its producer was ready (`ready_at`)."""
 
     def __init__(self, settings: Settings, episodes, rate: float | None) -> None:
         self.settings, self.episodes, self.rate = settings, list(episodes), rate
         self.acked: list[EpisodeRecorded] = []
         self.errors: list[str] = []
+        self.ready_at: float | None = None
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     def start(self) -> "Feed":
@@ -175,6 +176,7 @@ class Feed:
 
     async def _run(self) -> None:
         async with Publisher(self.settings) as publisher:
+            self.ready_at = time.monotonic()
             if self.rate is None:  # as fast as the producer goes: batched, acknowledged at the flush
                 for episode in self.episodes:
                     await publisher.publish(episode, wait=False)
