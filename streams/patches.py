@@ -70,8 +70,7 @@ def release(app, message) -> None:
     messages its streams meet while the flow is stopped; its commit stops at
     a gap only once a partition has a commit above 0, and not at a gap of
     one message, so those later offsets could be committed past the message
-    given up (the likely cause of one CI failure, in which a stopped worker's
-    remaining requests were never run).
+    given up (`patch_commit_floor` stops that).
     """
     from mode.utils.futures import notify
 
