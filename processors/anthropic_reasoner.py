@@ -10,6 +10,10 @@ Anything that cannot be read raises ReasonerError, which fails the cycle
 
 Batched mode (the default) asks for the insights of all a cycle's questions in
 one call: 2 calls per cycle instead of 1 + one per question.
+
+The insight prompts show each statement's day (`[Fri 2026-06-12] …`), so a
+belief can say how often and over what period, as the offline reasoner's
+do, and a model can see a pattern in the days themselves.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from datetime import date
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -146,6 +151,18 @@ def weighed(statements: Sequence[str], importance: Sequence[float] | None) -> li
     return [f"[{w:.2f}] {s}" for s, w in zip(statements, importance)]
 
 
+DAY = re.compile(r"^\[[A-Z][a-z]{2} (\d{4}-\d{2}-\d{2})\] ")
+
+
+def dated(statements: Sequence[str], dates: Sequence[str] | None) -> list[str]:
+    """Each statement with the day it occurred in front, `[Fri 2026-06-12] …`
+    (from ISO times; a statement without one goes as it is)."""
+    if dates is None:
+        return list(statements)
+    return [f"[{date.fromisoformat(d[:10]).strftime('%a')} {d[:10]}] {s}" if d else s
+            for s, d in zip(statements, dates)]
+
+
 FOUND = re.compile(r" \[found: ([0-9, –]+)\]$")
 
 
@@ -204,6 +221,7 @@ def answer_json(content: Sequence[Any], tool: str) -> dict[str, Any]:
 class AnthropicReasoner:
     name = "anthropic"
     prompt_version = PROMPT_VERSION
+    dated = True  # the reflector passes when each statement occurred: the insight prompts show the day
 
     def __init__(self, client, model: str, max_tokens: int = 1024, batched: bool = True,
                  price: tuple[float, ...] | None = None) -> None:
@@ -247,17 +265,21 @@ class AnthropicReasoner:
             raise ReasonerError("answer has no list of questions")
         return [q.strip()[:2000] for q in questions if isinstance(q, str) and q.strip()][:n], usage
 
-    def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]:
-        data, usage = self._ask("insights.md", n, f"Question: {_escaped(question)}\n{numbered(statements)}",
+    def insights(self, question: str, statements: Sequence[str], n: int = 5,
+                 dates: Sequence[str] | None = None) -> tuple[list[Insight], Usage]:
+        data, usage = self._ask("insights.md", n,
+                                f"Question: {_escaped(question)}\n{numbered(dated(statements, dates))}",
                                 INSIGHTS_TOOL, self.max_tokens)
         return [i for i in map(_insight, _items(data)[:n]) if i], usage
 
     def insights_for(self, questions: Sequence[str], statements: Sequence[str], n: int = 5,
-                     found: Sequence[Sequence[int]] | None = None) -> tuple[list[tuple[int, Insight]], Usage]:
+                     found: Sequence[Sequence[int]] | None = None,
+                     dates: Sequence[str] | None = None) -> tuple[list[tuple[int, Insight]], Usage]:
         """`found`: per question, the numbers (1-based, in the order retrieved) of
         the statements its evidence step found; each question names them."""
         asked = [with_found(q, f) for q, f in zip(questions, found)] if found is not None else questions
-        data, usage = self._ask("insights_batch.md", n, f"{_block('questions', asked)}\n{numbered(statements)}",
+        data, usage = self._ask("insights_batch.md", n,
+                                f"{_block('questions', asked)}\n{numbered(dated(statements, dates))}",
                                 BATCH_TOOL, self.max_tokens * len(questions))
         out, per_question = [], [0] * len(questions)
         for item in _items(data):

@@ -52,7 +52,8 @@ class Usage:
 class Reasoner(Protocol):
     """`batched` reasoners also answer `insights_for`: all questions of a cycle in
     one call, over the union of their evidence, each insight tagged with the
-    0-based index of its question."""
+    0-based index of its question. `dated` ones are also given, as `dates`,
+    when each statement occurred (ISO times)."""
 
     name: str
     prompt_version: str

@@ -272,7 +272,8 @@ def _insights(reasoner: Reasoner, asked, n: int):
         pool = list({c.id: c for _, evidence in asked for c in evidence}.values())
         number = {c.id: k for k, c in enumerate(pool, start=1)}
         tagged, usage = reasoner.insights_for([q for q, _ in asked], [c.text for c in pool], n,
-                                              found=[[number[c.id] for c in evidence] for _, evidence in asked])
+                                              found=[[number[c.id] for c in evidence] for _, evidence in asked],
+                                              **_dated(reasoner, pool))
         return [(q, pool, [i for k, i in tagged if k == index]) for index, (q, _) in enumerate(asked)], usage
     answers, usage = [], Usage()
     for question, evidence in asked:

@@ -62,11 +62,15 @@ class OfflineModel:
             return self._answer(body)
 
     def _answer(self, body: dict) -> tuple[int, dict]:
-        from processors.anthropic_reasoner import IMPORTANCE, found_of
+        from processors.anthropic_reasoner import DAY, IMPORTANCE, found_of
 
         offline, tool = self.offline, body["tool_choice"]["name"]
         data, system = body["messages"][0]["content"], body["system"][0]["text"]
         statements, questions = _numbered("statements", data), _numbered("questions", data)
+        days = [m.group(1) if (m := DAY.match(s)) else None for s in statements]
+        dates = days if all(days) else None  # the insight prompts show each statement's day
+        if dates:
+            statements = [DAY.sub("", s) for s in statements]
         if tool == "record_questions":  # statements carry their importance in front
             weights = [float(m.group(1)) if (m := IMPORTANCE.match(s)) else 0.0 for s in statements]
             statements = [IMPORTANCE.sub("", s) for s in statements]
@@ -81,12 +85,14 @@ class OfflineModel:
             for q, line in enumerate(questions, start=1):
                 question, found = found_of(line)
                 found = found or list(range(1, len(statements) + 1))
+                said = offline.insights(question, [statements[k - 1] for k in found],
+                                        dates=[dates[k - 1] for k in found] if dates else None)[0]
                 answer["insights"] += [{"question": q, "text": i.text, "citations": [found[c - 1] for c in i.citations]}
-                                       for i in offline.insights(question, [statements[k - 1] for k in found])[0]]
+                                       for i in said]
         else:
             question = data.split("\n", 1)[0].removeprefix("Question: ")
             answer = {"insights": [{"text": i.text, "citations": list(i.citations)}
-                                   for i in offline.insights(question, statements)[0]]}
+                                   for i in offline.insights(question, statements, dates=dates)[0]]}
         # The prefix (tools, system prompt) is billed as input like the data.
         prefix, cached = (len(json.dumps(body.get("tools"))) + len(system)) // 4, system in self.seen
         self.seen.add(system)

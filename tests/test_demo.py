@@ -70,5 +70,8 @@ def test_demo_runs_on_any_messages_api_server_with_two_calls_a_cycle_held_to_the
     # The same score as the offline path: each question is answered over the statements found for it, as the
     # offline reasoner is asked (one list for every question's evidence said the thin Friday pattern's pair by
     # its weaker member, "We were ready to release cache, …", cosine 0.41 to its description: 3 of 4).
-    assert result["score"]["found"] == result["score"]["of"] == 4, result["patterns"]
+    score = result["score"]
+    print(f"\n[messages api] {score['found']}/{score['of']} in {result['seconds']} s; {score['beliefs']} beliefs, "
+          f"{score['noise']} noise, {score['duplicates']} duplicates; e.g. {result['beliefs'][0]['text']!r}")
+    assert score["found"] == score["of"] == 4, result["patterns"]
     assert all(p["precision"] >= 0.8 for p in result["patterns"])
