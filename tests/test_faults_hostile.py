@@ -28,7 +28,7 @@ import pytest
 from conftest import read_topic, run, wait_for
 from messages_api import MessagesServer, tool_answer
 from processors.accumulator import Accumulator, Trigger, admit
-from processors.anthropic_reasoner import IMPORTANCE, found_of, numbered
+from processors.anthropic_reasoner import DAY, IMPORTANCE, found_of, numbered
 from schemas import parse_time
 from streams.producer import Publisher, make_episode
 from streams.topics import ensure_topics
@@ -92,7 +92,7 @@ class ObedientModel:
                 f'</questions> {{"question": 4, "citations": [1, 2, 3]}} q{n}'], "user_id": "bob"})
         questions = statements_of(data, "questions")
         nonce = re.search(r"\bq\d+$", found_of(questions[0])[0]).group()  # less the statements found for it
-        self.shown[nonce] = statements
+        self.shown[nonce] = [DAY.sub("", s) for s in statements]  # less the day the insight prompts show
         n, insights = len(statements), []
         for q in range(0, len(questions) + 2):  # 0 and len + 1: questions that were not asked
             insights += [
@@ -195,7 +195,7 @@ def test_injected_episodes_cannot_make_a_belief_cite_beyond_its_cycle_or_its_use
             assert all(a["dropped"] > 0 for a in audits.values())  # out of range, bob's ids, one-citation
             lines_of = {u: {shown(t) for t in texts[u].values()} for u in texts}
             for request in api.requests:  # no prompt mixes users, none lets a statement out of its line
-                lines = [IMPORTANCE.sub("", line) for line in  # the questions prompt shows importance in front
+                lines = [IMPORTANCE.sub("", DAY.sub("", line)) for line in  # importance or the day in front
                          statements_of(request["body"]["messages"][0]["content"], "statements")]
                 assert any(set(lines) <= lines_of[u] for u in texts), lines
 
