@@ -1,8 +1,8 @@
 """A worker hands its partitions over promptly. Asked to stop while a batch
 of episodes waits for a cycle, it gives the batch up unacknowledged instead
-of waiting for a request its stopped consumer will never read. A rebalance that revokes its partitions is handed
-over the same way. The worker after it redoes what was given up, nothing
-lost.
+of waiting for a request its stopped consumer will never read. A rebalance
+that revokes its partitions is handed over the same way. The worker after it
+redoes what was given up, nothing lost.
 
     python -m pytest tests/test_handover.py -s
 """
