@@ -11,8 +11,12 @@ a 503 (honouring its Retry-After) and a connection failure with capped
 backoff a bounded number of times, and raise `ReflectApiError` subclasses
 carrying the API's error `code` and `field`, or `ReflectUnreachable`.
 
-A write is retried too: `record` names its episode id before the first try,
-so a retry is the same episode again (the view upserts it by id).
+A write is retried too: `record` names its episode id (a uuid4, unless given)
+before the first try and sends it on every try of that call, so a retry is
+the same episode again, even after a connection that dropped before the
+answer came (the write may have arrived: the view upserts it by id, and the
+accumulator counts an id once). Without this client, send the
+`Idempotency-Key` header instead (streams/routes/episodes.py).
 
 `request(method, path)` reaches any route, the API's answer as it is: an
 `Answer` (status, JSON body, headers) whatever the status, sent once.
@@ -40,7 +44,8 @@ DEFAULT_API = UP_API  # where `reflect up` serves by default
 RETRIED_STATUS = 503
 VISIBLE_POLL = 0.05  # seconds between reads while waiting for a write to be applied (no server push to wait on)
 # Only failures where the request may be sent again safely: it never left
-# (connect), or the answer never came for a read.
+# (connect), or the answer never came for a read or a write that names what it
+# makes (`_Call.repeatable`).
 CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 READ_ERRORS = (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 
@@ -90,14 +95,16 @@ class _Call:
     visible: "_Call | None" = None  # a read that answers once the write is applied
     wait: float = 0.0  # seconds to wait for it
     raw: bool = False  # request(): the Answer whatever its status, sent once
+    names_it: bool = False  # a write that names what it makes (record's episode id): the same again when repeated
 
     def gave_up(self) -> ReflectError:
         return ReflectError(f"{self.path} was accepted, but {self.visible.path} did not answer within {self.wait} s; "
                             "the worker may be behind (GET /healthz, stats)")
 
     @property
-    def reads(self) -> bool:
-        return self.method == "GET"
+    def repeatable(self) -> bool:
+        """Safe to send again when the answer was lost: a read, or a write that names what it makes."""
+        return self.method == "GET" or self.names_it
 
 
 def _user(user: str, *tail: str) -> str:
@@ -150,7 +157,7 @@ class _Api:
             return False
         if isinstance(failure, ReflectApiError):
             return failure.status == RETRIED_STATUS
-        return isinstance(failure, CONNECT_ERRORS) or (call.reads and isinstance(failure, READ_ERRORS))
+        return isinstance(failure, CONNECT_ERRORS) or (call.repeatable and isinstance(failure, READ_ERRORS))
 
     def _final(self, failure: BaseException) -> BaseException:
         return failure if isinstance(failure, ReflectApiError) else ReflectUnreachable(self.api, failure)
@@ -161,13 +168,15 @@ class _Api:
                occurred_at: str | None = None, source: str | None = None,
                metadata: dict[str, Any] | None = None, wait: float | None = None) -> Accepted:
         """Record an episode (importance 0..1); `.episode_id` names it. Reads see
-        it once the worker has applied it; `wait=` seconds: return only then."""
+        it once the worker has applied it; `wait=` seconds: return only then.
+        Without `episode_id`, one is made here, once: every retry of this call
+        sends it, so the episode is recorded once however often it is sent."""
         episode_id = episode_id or uuid.uuid4().hex
         body = _given(text=text, importance=importance, episode_id=episode_id, occurred_at=occurred_at,
                       source=source, metadata=metadata)
         visible = _Call("GET", _user(user, "episodes", episode_id), dict) if wait else None
         return self._send(_Call("POST", _user(user, "episodes"), Accepted.from_json, body=body, visible=visible,
-                                wait=wait or 0.0))
+                                wait=wait or 0.0, names_it=True))
 
     def retract(self, user: str, episode_id: str, reason: str = "incorrect") -> Accepted:
         """Retract an episode (incorrect, erasure, duplicate, superseded, other): beliefs resting on it are revisited."""

@@ -7,6 +7,8 @@ connection is made, so bad input never reaches the broker.
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -15,11 +17,45 @@ from schemas import ContractError, EpisodeRecorded, EpisodeRetracted, Event, now
 from streams.security import client_options
 from streams.settings import Settings
 
+# An idempotency key (the API's `Idempotency-Key` header; `idempotency_key=`
+# below) names an episode: its id is uuid5(IDEMPOTENCY_KEYS, "<user_id>\n<key>")
+# in hex, so a write sent again with the same key is the same episode, and the
+# same key of two users names two episodes. Neither part holds a newline, so
+# the pair is unambiguous. The namespace is fixed for good: changing it would
+# make every retried write a new episode.
+IDEMPOTENCY_KEYS = uuid.UUID("d61187e2-b215-440d-9da4-14f359ef0199")
+KEY_MAX = 255
+# Visible ASCII, no space: nothing an HTTP hop could strip, fold or re-encode.
+_KEY = re.compile(r"[\x21-\x7e]+")
+
+
+def key_problem(key: Any) -> str | None:
+    """Why `key` cannot be an idempotency key, None if it can."""
+    if not isinstance(key, str) or not 1 <= len(key) <= KEY_MAX or not _KEY.fullmatch(key):
+        return f"must be 1 to {KEY_MAX} visible ASCII characters (! to ~, no space)"
+    return None
+
+
+def episode_id_for_key(user_id: str, key: str) -> str:
+    """The episode id `key` names for this user; raises ContractError for a bad key."""
+    problem = key_problem(key)
+    if problem:
+        raise ContractError("idempotency_key", problem)
+    return uuid.uuid5(IDEMPOTENCY_KEYS, f"{user_id}\n{key}").hex
+
 
 def make_episode(user_id: str, text: str | bytes, importance: float, *, episode_id: str | None = None,
                  occurred_at: str | None = None, source: str | None = None,
-                 metadata: dict[str, Any] | None = None) -> EpisodeRecorded:
-    """A validated EpisodeRecorded; raises ContractError naming the bad field."""
+                 metadata: dict[str, Any] | None = None, idempotency_key: str | None = None) -> EpisodeRecorded:
+    """A validated EpisodeRecorded; raises ContractError naming the bad field.
+    Its id: `episode_id`, else the one `idempotency_key` names, else a new
+    random one (named here, once: publishing the event again is the same
+    episode). Both given must name the same episode."""
+    if idempotency_key is not None:
+        keyed = episode_id_for_key(user_id, idempotency_key)
+        if episode_id is not None and episode_id != keyed:
+            raise ContractError("episode_id", f"differs from the id the idempotency key names ({keyed})")
+        episode_id = keyed
     if isinstance(text, (bytes, bytearray)):
         try:
             text = text.decode("utf-8")

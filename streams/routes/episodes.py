@@ -1,4 +1,11 @@
-"""Episodes: record one, read one back, retract one."""
+"""Episodes: record one, read one back, retract one.
+
+A record names its episode: the body's `episode_id`, else the one its
+`Idempotency-Key` header names (streams/producer.py, `episode_id_for_key`),
+else a new random one. Sent again with the same id or key, it is the same
+episode. A body id and a key that name two episodes are refused (409): either
+would be a guess, and the wrong guess counts a retried write twice or loses
+the id the caller keeps."""
 
 from __future__ import annotations
 
@@ -7,11 +14,23 @@ import asyncio
 from faust.web import Request, Response, View
 
 from processors.projector import point_id
-from streams.producer import make_episode, make_retraction
+from streams.producer import episode_id_for_key, key_problem, make_episode, make_retraction
 from streams.routes.common import ApiError, answers_json, context, json_body, known_fields, owned, publish
 
 EPISODE_FIELDS = {"text", "importance", "episode_id", "occurred_at", "source", "metadata"}
 RETRACT_FIELDS = {"reason"}
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+def _keyed_id(request: Request, user_id: str) -> str | None:
+    """The episode id the request's Idempotency-Key names, None without one; 422 naming the header if bad."""
+    key = request.headers.get(IDEMPOTENCY_KEY)
+    if key is None:
+        return None
+    problem = key_problem(key)
+    if problem:
+        raise ApiError(422, "invalid", problem, IDEMPOTENCY_KEY)
+    return episode_id_for_key(user_id, key)
 
 
 class Episodes(View):
@@ -21,9 +40,14 @@ class Episodes(View):
         for name in ("text", "importance"):
             if name not in body:
                 raise ApiError(422, "invalid", "is required", name)
-        event = make_episode(user_id, body["text"], body["importance"], episode_id=body.get("episode_id"),
+        keyed, given = _keyed_id(request, user_id), body.get("episode_id")
+        event = make_episode(user_id, body["text"], body["importance"], episode_id=keyed if given is None else given,
                              occurred_at=body.get("occurred_at"), source=body.get("source"),
                              metadata=body.get("metadata"))
+        if keyed is not None and event.episode_id != keyed:  # a valid body id, another episode than the key's
+            raise ApiError(409, "conflict", f"episode_id names another episode than the {IDEMPOTENCY_KEY} "
+                                            f"header ({keyed}): send one of them, or both naming the same one",
+                           "episode_id")
         await publish(context(self).episodes_topic, event)
         return self.json({"episode_id": event.episode_id, "event_id": event.event_id}, status=202)
 
@@ -43,6 +67,9 @@ class Retract(View):
     @answers_json
     async def post(self, request: Request, user_id: str, episode_id: str) -> Response:
         body = known_fields(await json_body(request, required=False), RETRACT_FIELDS)
+        raw = await request.read()  # read once: json_body's bytes, kept by aiohttp
+        if raw and not raw.strip():  # no body is no reason, but whitespace is no JSON (json_body takes it as none)
+            raise ApiError(422, "invalid", "body is not JSON: only whitespace", "(body)")
         event = make_retraction(user_id, episode_id, body.get("reason", "incorrect"))
         await publish(context(self).episodes_topic, event)
         return self.json({"episode_id": episode_id, "event_id": event.event_id}, status=202)
