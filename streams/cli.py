@@ -292,10 +292,14 @@ def _with_broker_errors(settings: Settings, coro) -> int:
 
 
 async def _topics_create(settings: Settings, say=print) -> int:
-    from streams.topics import ensure_topics
+    from streams.topics import check_retention, ensure_topics
 
     for name, outcome in (await ensure_topics(settings)).items():
         say(f"{name}\t{outcome}\tpartitions={settings.partitions}")
+    # Every start (worker, up, demo, topics create) reads the topics of record's
+    # live configs back: a refusal raises TopicError, a SettingsError (exit 2).
+    for note in await check_retention(settings):
+        say(note)
     return 0
 
 

@@ -226,6 +226,12 @@ SPECS: tuple[Spec, ...] = (
          "Partitions of every Reflect topic (all keyed by user_id)."),
     Spec("replication_factor", "REFLECT_REPLICATION_FACTOR", "1", _positive_int,
          "Replication factor used when creating topics."),
+    Spec("min_insync_replicas", "REFLECT_MIN_INSYNC_REPLICAS", "1", _positive_int,
+         "min.insync.replicas of the topics Reflect creates: replicas that must have an acks=all write before "
+         "it counts (at most the replication factor; 2 with 3 replicas survives one broker lost)."),
+    Spec("allow_finite_retention", "REFLECT_ALLOW_FINITE_RETENTION", "false", _flag,
+         "true: start although a topic of record (episodes, reflections) has a finite retention.ms or "
+         "retention.bytes or is compacted (refused otherwise: a rebuild replays them from the start)."),
     Spec("broker_security_protocol", "REFLECT_BROKER_SECURITY_PROTOCOL", "PLAINTEXT",
          _choice(*SECURITY_PROTOCOLS),
          "How every Kafka client of Reflect talks to the broker: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
@@ -437,6 +443,14 @@ def _broker_security_problem(values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _replication_problem(values: Mapping[str, Any]) -> str | None:
+    """More in-sync replicas than replicas: every acks=all write would fail."""
+    if values["min_insync_replicas"] > values["replication_factor"]:
+        return (f"invalid settings: {_named('min_insync_replicas')} = {values['min_insync_replicas']} is more "
+                f"than {_named('replication_factor')} = {values['replication_factor']}")
+    return None
+
+
 def _rotation_problem(values: Mapping[str, Any]) -> str | None:
     """A previous key without a current one is a rotation half done: refused."""
     for previous, current in (("auth_previous_secret", "auth_secret"),
@@ -452,6 +466,8 @@ class Settings:
     app_id: str
     partitions: int
     replication_factor: int
+    min_insync_replicas: int
+    allow_finite_retention: bool
     broker_security_protocol: str
     broker_sasl_mechanism: str
     broker_sasl_username: str | None
@@ -531,7 +547,7 @@ class Settings:
                 raise SettingsError(
                     f"invalid setting {spec.name} ({source}={shown}): {exc}"
                 ) from None
-        problem = _broker_security_problem(values) or _rotation_problem(values)
+        problem = _broker_security_problem(values) or _rotation_problem(values) or _replication_problem(values)
         if problem:
             raise SettingsError(problem)
         if values["recall_min_score"] is None:  # the embedder's own: cosines differ in band per model
