@@ -81,7 +81,9 @@ async def check(runtime) -> None:
     if not (settings.compact_growth and ownership.local_view and ownership.installed) \
             or slot.busy() or not ownership.settled():
         return
-    points, optimized = await asyncio.to_thread(runtime.view.growth)
+    # Under the error policy: a view that does not answer is waited for here as by every stage.
+    points, optimized = await runtime.policy.until_done("compaction-check",
+                                                        lambda: asyncio.to_thread(runtime.view.growth))
     if due(points, optimized, settings.compact_growth, settings.compact_min_points):
         log.warning("compacting the view: %d points, %d when last optimized", points, optimized)
         slot.start(Progress(kind="compaction"), lambda progress: compact(runtime, progress))
