@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested, parse_time
 
 WINDOW = 100
 
@@ -52,6 +52,10 @@ class Accumulator:
     challenging: tuple[dict[str, Any], ...] = field(default_factory=tuple)  # open challenges (processors/challenge.gather)
     asked_at: str | None = None  # the latest valid time of a request asked so far
     stream_at: str | None = None  # the latest valid time of the user's episodes judged so far (staleness)
+    # The offset in `episodes` of the last record folded in: a redelivery at or
+    # below it (a crash between the state's write and the commit) is skipped,
+    # however many records came between.
+    applied: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy
@@ -68,6 +72,9 @@ class Accumulator:
         return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ())),
                       "challenging": tuple(data.get("challenging", ())),
                       "challenged_ids": tuple(data.get("challenged_ids", ()))})
+
+    def applied_at(self, offset: int) -> bool:
+        return offset <= self.applied
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)
@@ -123,6 +130,8 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 
 
 def kind_of(request) -> str:
+    if isinstance(request, InvalidationRequested):
+        return "invalidation"
     return getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
 
 

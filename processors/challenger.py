@@ -48,11 +48,11 @@ def run_challenge(request: ChallengeRequested, view: VectorStore, embedder: Embe
     if not belief or belief.get("user_id") != user or belief.get("status") not in ("live", "stale") \
             or not belief.get("text"):
         return [audit(request, reasoner, "moot", started, reason="the belief is no longer served")]
-    challengers = window_records(view, user, [("episode", e) for e in request.challenger_ids])
+    challengers = window_records(view, user, [("episode", e) for e in request.challenger_ids], request.position)
     if not challengers:
         return [audit(request, reasoner, "moot", started, reason="every challenger was retracted")]
     cited_refs = [(kind, e) for e in belief.get("evidence_ids", ()) for kind in ("episode", "reflection")]
-    evidence = window_records(view, user, cited_refs)
+    evidence = window_records(view, user, cited_refs, request.position)
     usage = Usage()
     try:
         answer, usage = _asked(reasoner.verdict, belief["text"], [r["text"] for r in evidence],

@@ -4,8 +4,8 @@ Kafka Connect style error headers, so an operator can read why and replay."""
 from __future__ import annotations
 
 from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, Event,
-                     ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated,
-                     ReflectionReinforced, ReflectionRequested, ReflectionStaled, decode)
+                     InvalidationRequested, ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted,
+                     ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, ReflectionStaled, decode)
 
 
 # The event types each topic carries; anything else there is bad input.
@@ -14,7 +14,7 @@ from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, Episode
 ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested)
 ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted,
                   ReflectionChallenged, ReflectionStaled)
-ON_REQUESTS = (ReflectionRequested, ChallengeRequested)
+ON_REQUESTS = (ReflectionRequested, ChallengeRequested, InvalidationRequested)
 
 
 def carried(settings) -> dict[str, tuple[type, ...]]:

@@ -6,11 +6,13 @@ belief and rebuilt by any replay, so there is no second copy to keep in step.
 Its cost follows the dependents, not the store.
 
 Every writer of a belief event puts it in the view before publishing it, so
-the view is never behind the log for beliefs. A cycle may still run while a
-retraction is walked (a revalidation or manual cycle is not waited for), and
-publish a belief citing what the walk found gone: this processor also reads
-every ReflectionCreated / Reinforced and checks each against what it knows is
-gone. That knowledge — gone ids, and its own decisions — is its own state (a
+the view is never behind the log for beliefs. A retraction is walked in the
+user's request order (streams/pipeline/requests.py), after the cycles asked
+before it, so their beliefs are in the view when it is walked. A belief that
+still reaches the log citing what a walk found gone (a revalidation asked by
+a late belief, below, which is not numbered in that order) is caught too:
+this processor also reads every ReflectionCreated / Reinforced and checks
+each against what it knows is gone. That knowledge — gone ids, and its own decisions — is its own state (a
 Faust table keyed by user), so whichever comes first, each belief is decided
 once per lost piece of evidence.
 
@@ -34,16 +36,35 @@ matter, or the bound says what it costs:
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from processors.projector import point_id
 from processors.provenance import Decision, decide, reach
 from processors.view import VectorStore
-from schemas import (EpisodeRetracted, Event, ReflectionCreated, ReflectionInvalidated, ReflectionReinforced,
-                     ReflectionRequested, now, parse_time)
+from schemas import (ChallengeRequested, EpisodeRetracted, Event, InvalidationRequested, ReflectionCreated,
+                     ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, now, parse_time)
 
 REVALIDATE = uuid.UUID("0b5c1f0e-7c1a-4f57-8d6e-2b9f3b1c8e44")
+FORWARD = uuid.UUID("5d0b8c3e-2f64-4c1e-9a57-3e8d1f6b0a29")
 MAX_GONE = 1024  # gone ids a user's state keeps at most, the newest by valid time
+
+
+def forwarded(retraction: EpisodeRetracted, position: int) -> InvalidationRequested:
+    """A retraction as the reflector's queue takes it, at its position in the
+    episodes topic; its id derives from the retraction's, so a redelivery
+    forwards the same event."""
+    return InvalidationRequested(
+        event_id=f"invalidation:{uuid.uuid5(FORWARD, retraction.event_id)}", user_id=retraction.user_id,
+        episode_id=retraction.episode_id, reason=retraction.reason, retraction_id=retraction.event_id,
+        occurred_at=retraction.occurred_at, position=position)
+
+
+def placed(events: list[Event], position: int | None) -> list[Event]:
+    """The requests among `events` at `position`: the offset of the record
+    that asked for them, which bounds what their cycles read."""
+    return [replace(e, position=position) if isinstance(e, (ReflectionRequested, ChallengeRequested)) else e
+            for e in events]
 
 
 def empty_state() -> dict[str, Any]:
@@ -92,8 +113,11 @@ class Invalidator:
         """Events for a retraction, and whether anything knew the episode at all."""
         user, cause = event.user_id, event.episode_id
         pid = point_id("episode", user, cause)
-        known = "recorded_at" in self.view.get([pid]).get(pid, {})  # a tombstone has none
+        held = self.view.get([pid]).get(pid, {})
+        known = "recorded_at" in held  # a tombstone has none
         erasure = event.reason == "erasure"
+        if erasure and "text" in held:  # kept until now for the cycles asked before it (projector.py)
+            self.view.strip([pid], {"retraction_reason": "erasure"}, drop=["text"])
         if cause in state["gone"] and (state["gone"][cause]["erasure"] or not erasure):
             return [], known  # redelivered: decided already
         # New, or an episode retracted before and now to be erased as well.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from processors.embedders import Embedder
-from processors.view import VectorStore, ViewPoint
+from processors.view import GONE, POSITION, VectorStore, ViewPoint
 from schemas import (EpisodeRecorded, EpisodeRetracted, Event, ReflectionChallenged, ReflectionCreated,
                      ReflectionInvalidated, ReflectionReinforced, ReflectionStaled)
 
@@ -61,15 +61,21 @@ def plan_episodes(events: Sequence[Event], retracted: set[str]) -> Plan:
         if isinstance(event, EpisodeRetracted):
             if pid not in retractions and pid in recorded:
                 before[pid] = recorded[pid]
-            retractions.setdefault(pid, event)
+            if pid not in retractions or erases(event) and not erases(retractions[pid]):
+                retractions[pid] = event
         elif isinstance(event, EpisodeRecorded) and pid not in retractions:
             recorded[pid] = event
     gone = retracted | retractions.keys()
     return Plan(
         upserts=[e for pid, e in recorded.items() if pid not in gone],
-        retractions=[e for pid, e in retractions.items() if pid not in retracted],
+        # An erasure still applies to an episode retracted before: that one kept its text.
+        retractions=[e for pid, e in retractions.items() if pid not in retracted or erases(e)],
         retracted_records={pid: e for pid, e in before.items() if pid not in retracted},
     )
+
+
+def erases(event: EpisodeRetracted) -> bool:
+    return event.reason == "erasure"
 
 
 def episode_payload(event: EpisodeRecorded) -> dict:
@@ -88,6 +94,36 @@ def episode_payload(event: EpisodeRecorded) -> dict:
         payload["source"] = event.source
     if event.metadata is not None:
         payload["metadata"] = event.metadata
+    return payload
+
+
+def first_positions(events: Sequence[Event], positions: Sequence[int] | None,
+                    known: dict[str, dict]) -> dict[str, int]:
+    """Point id → the earliest position it was recorded at, in the view or in this batch."""
+    first = {pid: p[POSITION] for pid, p in known.items() if p.get(POSITION) is not None}
+    for event, at in zip(events, positions or ()):
+        pid = episode_point(event)
+        if isinstance(event, EpisodeRecorded) and at is not None:
+            first[pid] = min(first.get(pid, at), at)
+    return first
+
+
+def first_logged(view: VectorStore, records: Sequence[EpisodeRecorded]) -> dict[str, int]:
+    """Episode id → the position its point was first logged at, as projected."""
+    pids = {episode_point(r): r.episode_id for r in records}
+    return {pids[pid]: p[POSITION] for pid, p in view.get(list(pids)).items() if p.get(POSITION) is not None}
+
+
+def positioned(payload: dict, first: dict[str, int], event: EpisodeRecorded) -> dict:
+    at = first.get(episode_point(event))
+    return payload if at is None else {**payload, POSITION: at}
+
+
+def served(payload: dict) -> dict:
+    """A point as reads show it: a retracted episode without its text, which
+    the view keeps only for the cycles asked before the retraction."""
+    if payload.get("kind") == "episode" and payload.get("status") == "retracted":
+        return {k: v for k, v in payload.items() if k != "text"}
     return payload
 
 
@@ -116,33 +152,68 @@ class Projected:
 
 
 class EpisodeProjector:
-    """Applies batches of validated episode events to the view (the I/O shell)."""
+    """Applies batches of validated episode events to the view (the I/O shell).
 
-    def __init__(self, view: VectorStore, embedder: Embedder) -> None:
+    `erase_now`: whether an erasure takes the episode's text here. The live
+    pipeline leaves it to the erasure's walk (processors/invalidator.py),
+    which runs after the cycles asked before the erasure: they still read the
+    text, so an erasure does not make beliefs depend on timing, and no read
+    serves the episode meanwhile. A replay (a rebuild, a catch-up) takes it
+    at once: its walk ran already, or runs on this view."""
+
+    def __init__(self, view: VectorStore, embedder: Embedder, erase_now: bool = True) -> None:
         self.view = view
         self.embedder = embedder
+        self.erase_now = erase_now
 
-    def apply(self, events: Sequence[Event]) -> Projected:
+    def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> Projected:
+        """`positions`: each event's offset in the episodes topic (see
+        processors/view.py, POSITION); an episode keeps the first it was seen
+        at, so a redelivery or a retried write never moves it later."""
         if not events:
             return Projected()
         known = self.view.get(list({episode_point(e) for e in events}))
         retracted = {pid for pid, p in known.items() if p.get("status") == "retracted"}
         plan = plan_episodes(events, retracted)
-        if plan.upserts:
-            vectors = self.embedder.embed([e.text for e in plan.upserts])
-            self.view.upsert([ViewPoint(episode_point(e), vec, episode_payload(e))
-                              for e, vec in zip(plan.upserts, vectors)])
-        # A retraction of an episode the view never saw leaves a tombstone, so
-        # the EpisodeRecorded that may still arrive cannot resurrect it.
-        present = [e for e in plan.retractions if episode_point(e) in known]
-        absent = [e for e in plan.retractions if episode_point(e) not in known]
-        self.view.upsert([ViewPoint(episode_point(e), None, stripped(plan.retracted_records.get(episode_point(e)), e))
-                          for e in absent])
-        for event in present:
-            self.view.strip([episode_point(event)], retraction_payload(event), drop=["text"])
+        first = first_positions(events, positions, known)
+        # An episode retracted as incorrect (not erased) keeps its text and
+        # vector, marked with the retraction's position: a cycle asked before
+        # the retraction still reads it (processors/view.py, GONE), whenever
+        # it runs, and in whatever batches the log was projected.
+        kept = [plan.retracted_records[episode_point(e)] for e in plan.retractions
+                if not self._erased_here(e) and episode_point(e) not in known
+                and episode_point(e) in plan.retracted_records]
+        texts = [*plan.upserts, *kept]
+        if texts:
+            vectors = self.embedder.embed([e.text for e in texts])
+            self.view.upsert([ViewPoint(episode_point(e), vec, positioned(episode_payload(e), first, e))
+                              for e, vec in zip(texts, vectors)])
+        at = dict(zip(map(id, events), positions or ()))
+        for event in plan.retractions:
+            self._retract(event, known, plan, at.get(id(event)), first)
         # No flush per batch: Qdrant Edge writes each update to its WAL first,
         # which survived SIGKILL here; flushing every batch halved throughput.
         return Projected(len(plan.upserts), len(plan.retractions))
+
+    def _erased_here(self, event: EpisodeRetracted) -> bool:
+        return erases(event) and self.erase_now
+
+    def _retract(self, event: EpisodeRetracted, known: dict, plan: Plan, at: int | None, first: dict) -> None:
+        pid = episode_point(event)
+        gone = known.get(pid, {}).get(GONE, at)  # an erasure after a retraction: still gone since the first
+        keys = retraction_payload(event) | ({} if gone is None else {GONE: gone})
+        recorded = plan.retracted_records.get(pid)
+        if not self._erased_here(event) and (pid in known or recorded is not None):
+            self.view.patch([pid], keys)
+        elif pid in known:
+            self.view.strip([pid], keys, drop=["text"])
+        else:
+            # A retraction of an episode the view never saw leaves a tombstone, so
+            # the EpisodeRecorded that may still arrive cannot resurrect it.
+            payload = stripped(recorded, event)
+            if recorded is not None:
+                payload = positioned(payload, first, recorded)
+            self.view.upsert([ViewPoint(pid, None, payload | keys)])
 
 
 
@@ -283,7 +354,8 @@ class ReflectionProjector:
         self.view = view
         self.embedder = embedder
 
-    def apply(self, events: Sequence[Event]) -> int:
+    def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> int:
+        """`positions` as for episodes, unused: beliefs are ordered by their cycles."""
         created = {point_id("reflection", e.user_id, e.reflection_id): e
                    for e in events if isinstance(e, ReflectionCreated)}
         known = self.view.get(list(created))

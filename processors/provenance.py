@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from processors.projector import served
 from schemas import parse_time
 
 Dependents = Callable[[str], Iterable[dict[str, Any]]]  # id → payloads of beliefs citing it
@@ -130,6 +131,7 @@ def tree(get: Callable[[str, str], dict[str, Any] | None], kind: str, rid: str, 
     node: dict[str, Any] = {"id": rid, "kind": kind}
     if payload is None:
         return {**node, "status": "unknown"}
+    payload = served(payload)
     node.update({k: payload[k] for k in ("status", "text", "confidence", "depth", "occurred_at",
                                           "retraction_reason", "expired_at") if k in payload})
     if kind == "reflection" and rid not in seen and max_depth > 0:
@@ -154,6 +156,7 @@ def chain(get: Callable[[str, str], dict[str, Any] | None], payload: dict[str, A
         found = get(kind, rid) if rid else None
         if found is None:
             return {"id": rid, "kind": kind, "status": "unknown"} if rid else None
+        found = served(found)
         return {"id": rid, "kind": kind, **{k: found[k] for k in ("status", "text", "occurred_at") if k in found}}
 
     out: dict[str, Any] = {}

@@ -20,7 +20,7 @@ from processors.projector import latest, point_id, support_of
 from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank, ungrounded
 from processors.staleness import held, refreshed
-from processors.view import Hit, VectorStore
+from processors.view import GONE, Hit, VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
                      ReflectionRequested, parse_time)
 
@@ -68,9 +68,12 @@ def top(hits: Sequence[Hit], k: int) -> list[Hit]:
 
 
 def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vectors, k: int, max_depth: int,
-                at: str, cycle_id: str) -> list[list[Candidate]]:
+                at: str, cycle_id: str, upto: int | None = None) -> list[list[Candidate]]:
     """Per question: episodes and live beliefs of this user near it that
-    occurred by the cycle's time `at`; a belief already at max_depth is left
+    occurred by the cycle's time `at` and, for episodes, were logged at or
+    before its request's position `upto` (however late an episode came, and
+    however far the projector has read since, the cycle sees the same ones:
+    processors/view.py, POSITION); a belief already at max_depth is left
     out, as nothing citing it could be kept. Two batched searches per kind:
     the exact dense top POOL × k of each question, cut by (score, id), then
     the engine's hybrid score (dense + BM25 fused, as recall reads) of that
@@ -90,15 +93,16 @@ def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vecto
     same top k the first run saw."""
     own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
 
-    def search(n: int, kind: str, status: str) -> list[list[Hit]]:
-        near = view.search_many(user_id, vectors, TIE_MARGIN * POOL * n, before=at, kind=kind, status=status)
+    def search(n: int, **match: str) -> list[list[Hit]]:
+        near = view.search_many(user_id, vectors, TIE_MARGIN * POOL * n, before=at, upto=upto, **match)
         pool = sorted({h.id for hits in near for h in top(hits, POOL * n)})
         if not pool:
             return [[] for _ in questions]
         return view.search_hybrid(user_id, vectors, questions, len(pool), before=at, ids=pool,
-                                  prefetch=len(pool), kind=kind, status=status)
-    episodes = search(k, "episode", "recorded")
-    beliefs = search(k + own, "reflection", "live")
+                                  prefetch=len(pool), upto=upto, **match)
+    # As of `upto`, an episode retracted later still counts (what is erased has no vector left).
+    episodes = search(k, kind="episode", **({"status": "recorded"} if upto is None else {}))
+    beliefs = search(k + own, kind="reflection", status="live")
     episodes = [top(e, k) for e in episodes]
     beliefs = [top([h for h in b if h.payload.get("cycle_id") != cycle_id], k) for b in beliefs]
     return [[Candidate(p.get("episode_id") or p["reflection_id"], p["kind"], p.get("text", ""),
@@ -121,14 +125,23 @@ def window_refs(request: ReflectionRequested, recent: Sequence[dict[str, Any]]) 
            [("reflection", i) for i in request.window_reflection_ids or ()]
 
 
-def window_records(view: VectorStore, user_id: str, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The (kind, id) records of a window as the view holds them now, oldest first;
-    what was retracted or invalidated since is left out."""
+def window_records(view: VectorStore, user_id: str, refs: Sequence[tuple[str, str]],
+                   upto: int | None = None) -> list[dict[str, Any]]:
+    """The (kind, id) records of a window as the view holds them now, oldest
+    first; what was invalidated since, erased, or retracted at or before
+    position `upto` (any retraction, without one) is left out."""
     pids = {point_id(kind, user_id, rid): (kind, rid) for kind, rid in refs}
     found = view.get(list(pids))
     return sorted((_record(kind, rid, p) for pid, (kind, rid) in pids.items() for p in [found.get(pid)]
-                   if p and p.get("user_id") == user_id and p.get("status") == SERVED[kind] and p.get("text")),
+                   if p and p.get("user_id") == user_id and p.get("text") and readable(kind, p, upto)),
                   key=lambda r: (r["occurred_at"], r["id"]))
+
+
+def readable(kind: str, payload: dict[str, Any], upto: int | None) -> bool:
+    if payload.get("status") == SERVED[kind]:
+        return True
+    gone = payload.get(GONE)
+    return kind == "episode" and upto is not None and gone is not None and gone > upto
 
 
 def _record(kind: str, rid: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +166,7 @@ def cycle_window(view: VectorStore, request: ReflectionRequested,
                  recent: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """What step 2 reads: the records the request names, and for a threshold or
     manual cycle the user's earlier beliefs too; the newest WINDOW, oldest first."""
-    named = window_records(view, request.user_id, window_refs(request, recent))
+    named = window_records(view, request.user_id, window_refs(request, recent), request.position)
     if request.why == "revalidation":  # it names exactly the evidence that survived
         return named
     merged = {r["id"]: r for r in (*named, *earlier_beliefs(view, request))}.values()
@@ -179,7 +192,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
                                  importance=[float(r.get("importance", 0.0)) for r in window])
         usage += used
         found = _candidates(view, user, questions, embedder.embed(questions), config.top_k * 4, config.max_depth,
-                            at, cycle) \
+                            at, cycle, request.position) \
             if questions else []
         asked = [(q, rerank(c, cycle_time, config.top_k, config.weights)) for q, c in zip(questions, found)]
         answers, used = _asked(_insights, reasoner, asked, config.insights)

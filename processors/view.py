@@ -47,6 +47,14 @@ REBUILD = "run `reflect rebuild` to add them"
 # provenance index (a belief matches each id it cites).
 INDEXED = ("user_id", "kind", "status", "evidence_ids")
 TIMED = "occurred_at"  # datetime index: a cycle searches what was true by its time
+# An episode's place in its user's stream (its offset in the episodes topic,
+# where all of a user's events are on one partition, in order): a cycle reads
+# only what precedes its request in the log, so an episode projected at once,
+# however late it comes, is seen by exactly the cycles after it.
+POSITION = "position"
+# A retracted episode's retraction position: a cycle asked at or after it no
+# longer reads the episode; one asked before it still does.
+GONE = "retracted_position"
 
 
 @dataclass(frozen=True)
@@ -151,16 +159,17 @@ class VectorStore(Protocol):
     def count(self, user_id: str, **match: str) -> int: ...
 
     def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
-               **match: str) -> list[Hit]:
-        """The user's k nearest points, only those with occurred_at ≤ `before` if given."""
+               upto: int | None = None, **match: str) -> list[Hit]:
+        """The user's k nearest points, only those with occurred_at ≤ `before`
+        and logged at or before position `upto` if given (see POSITION)."""
 
     def search_many(self, user_id: str, vectors: Sequence[Sequence[float]], k: int, before: str | None = None,
-                    **match: str) -> list[list[Hit]]:
+                    upto: int | None = None, **match: str) -> list[list[Hit]]:
         """`search` for several vectors under one filter, in one planned batch."""
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
-                      prefetch: int | None = None, ids: Sequence[str] | None = None,
+                      prefetch: int | None = None, ids: Sequence[str] | None = None, upto: int | None = None,
                       **match: str) -> list[list[Hit]]:
         """Per (vector, text) query: the user's k best points by `scoring`
         (dense cosine fused with BM25 on the text, boosted by recency and
@@ -282,6 +291,7 @@ class EdgeView:
                 for key in INDEXED[1:]:
                     self._shard.update(q.UpdateOperation.create_field_index(key, q.PayloadSchemaType.Keyword))
                 self._shard.update(q.UpdateOperation.create_field_index(TIMED, q.PayloadSchemaType.Datetime))
+                self._shard.update(q.UpdateOperation.create_field_index(POSITION, q.PayloadSchemaType.Integer))
         except Exception as exc:
             raise ViewError(f"cannot open the Qdrant Edge view at {path}: {exc} "
                             "(one process owns a shard: is another worker running on this data dir?)") from exc
@@ -292,7 +302,7 @@ class EdgeView:
             os.replace(tmp, record)
 
     def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
-                exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None):
+                exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None, upto: int | None = None):
         q = self._q
         conditions = [q.FieldCondition(key=k, match=q.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
@@ -300,10 +310,11 @@ class EdgeView:
             conditions.append(q.FieldCondition(key=TIMED, range=q.RangeDateTime(lte=before)))
         if ids is not None:
             conditions.append(q.HasIdCondition(set(ids)))
-        if exclude:
-            return q.Filter(must=conditions, must_not=[q.FieldCondition(key=k, match=q.MatchValue(value=v))
-                                                       for k, v in exclude.items()])
-        return q.Filter(must=conditions)
+        not_ = [q.FieldCondition(key=k, match=q.MatchValue(value=v)) for k, v in (exclude or {}).items()]
+        if upto is not None:  # a missing POSITION or GONE (a belief, a live episode) never matches: kept
+            not_ += [q.FieldCondition(key=POSITION, range=q.RangeFloat(gt=upto)),
+                     q.FieldCondition(key=GONE, range=q.RangeFloat(lte=upto))]
+        return q.Filter(must=conditions, must_not=not_) if not_ else q.Filter(must=conditions)
 
     def _vectors(self, p: ViewPoint) -> dict[str, Any]:
         if p.vector is None:
@@ -346,15 +357,15 @@ class EdgeView:
         return self._shard.count(self._q.CountRequest(filter=self._filter(user_id, match), exact=True))
 
     def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
-               **match: str) -> list[Hit]:
-        return self.search_many(user_id, [vector], k, before, **match)[0]
+               upto: int | None = None, **match: str) -> list[Hit]:
+        return self.search_many(user_id, [vector], k, before, upto, **match)[0]
 
     def search_many(self, user_id: str, vectors: Sequence[Sequence[float]], k: int, before: str | None = None,
-                    **match: str) -> list[list[Hit]]:
+                    upto: int | None = None, **match: str) -> list[list[Hit]]:
         # Exact per user (filtered HNSW lost recall here, 0.68 vs 1.0): the cost is a scan of the
         # user's points, and a batch evaluates the filter once for all vectors
         # (measured: 3 vectors over 50k points 20 ms batched vs 41 ms one by one).
-        q, where = self._q, self._filter(user_id, match, before)
+        q, where = self._q, self._filter(user_id, match, before, upto=upto)
         found = self._shard.query_batch(q.QueryBatchRequest([q.QueryRequest(
             limit=k, query=q.Query.Nearest(_floats(v), using=VECTOR), filter=where, with_payload=True,
             params=q.SearchParams(exact=True)) for v in vectors]))
@@ -362,15 +373,15 @@ class EdgeView:
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
-                      prefetch: int | None = None, ids: Sequence[str] | None = None,
+                      prefetch: int | None = None, ids: Sequence[str] | None = None, upto: int | None = None,
                       **match: str) -> list[list[Hit]]:
-        q, where = self._q, self._filter(user_id, match, before, exclude, ids)
+        q, where = self._q, self._filter(user_id, match, before, exclude, ids, upto)
         # IDF over the user's points of every kind (scores of an episode query
         # and a belief query compare, so the two can be ranked together), and
         # only those the query may see by time: IDF over points projected
         # after `before` would make a cycle's evidence depend on how far the
         # projector had read (the same log must give the same beliefs).
-        idf = q.SearchParams(idf=q.IdfParams(corpus=self._filter(user_id, {}, before, exclude)))
+        idf = q.SearchParams(idf=q.IdfParams(corpus=self._filter(user_id, {}, before, exclude, upto=upto)))
         limit = prefetch or max(PREFETCH, 2 * k)
         requests = []
         for vector, text in zip(vectors, texts):
@@ -515,6 +526,7 @@ class QdrantView:
             for key in INDEXED[1:]:
                 client.create_payload_index(self.name, key, models.PayloadSchemaType.KEYWORD)
             client.create_payload_index(self.name, TIMED, models.PayloadSchemaType.DATETIME)
+            client.create_payload_index(self.name, POSITION, models.PayloadSchemaType.INTEGER)
         elif LEXICAL not in (client.get_collection(self.name).config.params.sparse_vectors or {}):
             # Built before BM25 terms were stored: serve it dense-only until rebuilt.
             self.lexical = False
@@ -536,7 +548,7 @@ class QdrantView:
             raise
 
     def _filter(self, user_id: str, match: dict[str, str], before: str | None = None,
-                exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None):
+                exclude: dict[str, str] | None = None, ids: Sequence[str] | None = None, upto: int | None = None):
         m = self._m
         conditions = [m.FieldCondition(key=k, match=m.MatchValue(value=v))
                       for k, v in {"user_id": user_id, **match}.items()]
@@ -545,6 +557,9 @@ class QdrantView:
         if ids is not None:
             conditions.append(m.HasIdCondition(has_id=list(ids)))
         not_ = [m.FieldCondition(key=k, match=m.MatchValue(value=v)) for k, v in (exclude or {}).items()]
+        if upto is not None:  # a missing POSITION or GONE (a belief, a live episode) never matches: kept
+            not_ += [m.FieldCondition(key=POSITION, range=m.Range(gt=upto)),
+                     m.FieldCondition(key=GONE, range=m.Range(lte=upto))]
         return m.Filter(must=conditions, must_not=not_ or None)
 
     def _vectors(self, p: ViewPoint) -> dict[str, Any]:
@@ -589,12 +604,12 @@ class QdrantView:
         return self.client.count(self.target, count_filter=self._filter(user_id, match), exact=True).count
 
     def search(self, user_id: str, vector: Sequence[float], k: int, before: str | None = None,
-               **match: str) -> list[Hit]:
-        return self.search_many(user_id, [vector], k, before, **match)[0]
+               upto: int | None = None, **match: str) -> list[Hit]:
+        return self.search_many(user_id, [vector], k, before, upto, **match)[0]
 
     def search_many(self, user_id: str, vectors: Sequence[Sequence[float]], k: int, before: str | None = None,
-                    **match: str) -> list[list[Hit]]:
-        m, where = self._m, self._filter(user_id, match, before)
+                    upto: int | None = None, **match: str) -> list[list[Hit]]:
+        m, where = self._m, self._filter(user_id, match, before, upto=upto)
         found = self.client.query_batch_points(self.target, requests=[m.QueryRequest(
             query=_floats(v), using=VECTOR, limit=k, filter=where, with_payload=True,
             params=m.SearchParams(exact=True)) for v in vectors])
@@ -602,11 +617,11 @@ class QdrantView:
 
     def search_hybrid(self, user_id: str, vectors: Sequence[Sequence[float]], texts: Sequence[str], k: int,
                       before: str | None = None, scoring: Scoring = Scoring(), exclude: dict[str, str] | None = None,
-                      prefetch: int | None = None, ids: Sequence[str] | None = None,
+                      prefetch: int | None = None, ids: Sequence[str] | None = None, upto: int | None = None,
                       **match: str) -> list[list[Hit]]:
-        m, where = self._m, self._filter(user_id, match, before, exclude, ids)
+        m, where = self._m, self._filter(user_id, match, before, exclude, ids, upto)
         # IDF over the user's points of every kind it may see by time, as in EdgeView.
-        idf = m.SearchParams(idf=m.IdfCorpusParams(corpus=self._filter(user_id, {}, before, exclude)))
+        idf = m.SearchParams(idf=m.IdfCorpusParams(corpus=self._filter(user_id, {}, before, exclude, upto=upto)))
         limit = prefetch or max(PREFETCH, 2 * k)
         requests = []
         for vector, text in zip(vectors, texts):

@@ -33,6 +33,7 @@ EVENT_TYPES = (
     "ChallengeRequested",
     "ReflectionChallenged",
     "ReflectionStaled",
+    "InvalidationRequested",
 )
 PAYLOAD = "(payload)"  # the field name used when the bytes themselves are wrong
 # Levels of objects and arrays in one event, the event object itself included.
@@ -116,6 +117,7 @@ class ReflectionRequested(Event):
     window_episode_ids: tuple[str, ...] | None = None
     window_reflection_ids: tuple[str, ...] | None = None
     sequence: int | None = None
+    position: int | None = None  # the offset in `episodes` of the record that asked for it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +192,23 @@ class ChallengeRequested(Event):
     challenger_ids: tuple[str, ...]
     similarity: float
     sequence: int | None = None
+    position: int | None = None  # as in ReflectionRequested
+
+
+@dataclass(frozen=True, kw_only=True)
+class InvalidationRequested(Event):
+    """A retraction forwarded to the reflector's queue: its provenance walk
+    runs in the user's request order (streams/pipeline/requests.py)."""
+    TYPE: ClassVar[str] = "InvalidationRequested"
+    episode_id: str
+    reason: str
+    retraction_id: str
+    sequence: int | None = None
+    position: int | None = None
+
+    def retraction(self) -> EpisodeRetracted:
+        return EpisodeRetracted(event_id=self.retraction_id, user_id=self.user_id, episode_id=self.episode_id,
+                                reason=self.reason, occurred_at=self.occurred_at, recorded_at=self.recorded_at)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,6 +258,7 @@ RECORDS: dict[str, type[Event]] = {
         ChallengeRequested,
         ReflectionChallenged,
         ReflectionStaled,
+        InvalidationRequested,
     )
 }
 assert tuple(RECORDS) == EVENT_TYPES

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -33,6 +33,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from processors.dlq import accept, carried
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
+from processors.view import ViewPoint
 from schemas import ContractError
 from streams.security import client_options
 
@@ -56,42 +57,57 @@ def owner_in(distribution: Mapping[str, Mapping[str, Iterable[int]]], topic: str
     return None
 
 
+WATERMARKS = str(uuid.uuid5(uuid.NAMESPACE_URL, "urn:reflect:view-watermarks"))  # the point that holds them
+NO_USER = "\x00watermarks"  # a user id no event can carry: no read of a user meets the point
+
+
 class Watermarks:
     """Per view and topic-partition, the offset below which every event is in
-    the view. A JSON file beside the Edge shards, replaced whole on each change
-    (a crash leaves the old file or the new one, never half of one)."""
+    the view. Kept inside the view, as one point of no user written after
+    each batch's own points: the shard's write-ahead log holds it in order
+    with them, so whatever a crash or a power loss leaves of that log, the
+    watermark claims no event whose points it lost, and a catch-up replays
+    from it. (A file beside the shard, replaced without fsync while the shard
+    was flushed only at shutdown, could claim a span the shard had lost.) A
+    view from before reads the old file, `legacy`, until it writes its own.
+    Blocking calls (the view's): off the event loop."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._data: dict[str, dict[str, int]] = orjson.loads(path.read_bytes()) if path.exists() else {}
+    def __init__(self, view, legacy: Path | None = None) -> None:
+        self.view, self.legacy = view, legacy
+        self._data: dict[str, dict[str, int]] = {}
 
     def get(self, view: str, tp) -> int:
-        return self._data.get(view, {}).get(f"{tp.topic}:{tp.partition}", 0)
+        return self._held(view).get(f"{tp.topic}:{tp.partition}", 0)
 
     def advance(self, view: str, offsets: Mapping) -> None:
-        held = self._data.setdefault(view, {})
+        held = self._held(view)
         changed = False
         for tp, offset in offsets.items():
             key = f"{tp.topic}:{tp.partition}"
             if offset > held.get(key, 0):
                 held[key], changed = offset, True
-        if changed:
-            self._save()
+        if changed and view == self.view.name:
+            self.view.upsert([ViewPoint(WATERMARKS, None, {"user_id": NO_USER, "kind": "watermarks",
+                                                          "offsets": dict(held)})])
 
     def of(self, view: str) -> dict[TopicPartition, int]:
         """Every topic-partition the view holds, with its watermark."""
-        return {TopicPartition(topic, int(partition)): offset for key, offset in self._data.get(view, {}).items()
+        return {TopicPartition(topic, int(partition)): offset for key, offset in self._held(view).items()
                 for topic, _, partition in [key.rpartition(":")]}
 
     def forget(self, view: str) -> None:
-        if self._data.pop(view, None) is not None:
-            self._save()
+        self._data.pop(view, None)  # its point goes with the view
 
-    def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        part = self.path.with_suffix(".part")
-        part.write_bytes(orjson.dumps(self._data))
-        os.replace(part, self.path)
+    def _held(self, view: str) -> dict[str, int]:
+        if view not in self._data:
+            found = self.view.get([WATERMARKS]).get(WATERMARKS) if view == self.view.name else None
+            if found is not None:
+                self._data[view] = dict(found["offsets"])
+            elif self.legacy is not None and self.legacy.exists():
+                self._data[view] = dict(orjson.loads(self.legacy.read_bytes()).get(view, {}))
+            else:
+                self._data[view] = {}
+        return self._data[view]
 
 
 class Ownership:
@@ -104,7 +120,7 @@ class Ownership:
         self.topics = (settings.topic_episodes, settings.topic_reflections)
         # Only an Edge view is the worker's own; a Qdrant server's is shared and whole.
         self.local_view = settings.qdrant_url is None
-        self.watermarks = Watermarks(settings.view_dir / "offsets.json") if self.local_view else None
+        self.watermarks = Watermarks(runtime.view, settings.view_dir / "offsets.json") if self.local_view else None
         self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds what the group committed
         self._catching: dict[int, asyncio.Task] = {}
         self.installed = False
@@ -163,7 +179,7 @@ class Ownership:
             if event is not None:
                 await event.wait()
 
-    def applied(self, events) -> None:
+    async def applied(self, events) -> None:
         """After a batch's effects are in the view: its offsets are held."""
         if self.watermarks is None:
             return
@@ -171,7 +187,7 @@ class Ownership:
         for e in events:
             tp = TopicPartition(e.message.topic, e.message.partition)
             offsets[tp] = max(offsets.get(tp, 0), e.message.offset + 1)
-        self.watermarks.advance(self.runtime.view.name, offsets)
+        await asyncio.to_thread(self.watermarks.advance, self.runtime.view.name, offsets)
 
     async def _catch_up(self, p: int) -> None:
         """Transient failures are retried (and reported as a stalled stage);
@@ -200,14 +216,15 @@ class Ownership:
             await asyncio.wait_for(consumer.start(), BROKER_CALL_TIMEOUT)
             view = runtime.view.name
             tps = [TopicPartition(t, p) for t in self.topics]
-            spans = {tp: (self.watermarks.get(view, tp),
+            marks = await asyncio.to_thread(self.watermarks.of, view)
+            spans = {tp: (marks.get(tp, 0),
                           await asyncio.wait_for(consumer.committed(tp), BROKER_CALL_TIMEOUT) or 0) for tp in tps}
             spans = {tp: span for tp, span in spans.items() if span[0] < span[1]}
             if not spans:
                 return
             started = asyncio.get_running_loop().time()
             events = await _project(consumer, spans, self._projectors(), carried(settings), runtime.projection_lock)
-            self.watermarks.advance(view, {tp: until for tp, (_, until) in spans.items()})
+            await asyncio.to_thread(self.watermarks.advance, view, {tp: until for tp, (_, until) in spans.items()})
             log.warning("caught up partition %d: %d events into the view in %.1f s", p, events,
                         asyncio.get_running_loop().time() - started)
         finally:
@@ -231,7 +248,7 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
         for tp, messages in batches.items():
             until = spans[tp][1]
             apply, kinds = projectors[tp.topic]
-            records = []
+            records, positions = [], []
             for m in messages:
                 if m.offset >= until:
                     break
@@ -241,8 +258,9 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
                     continue
                 if isinstance(record, kinds):
                     records.append(record)
+                    positions.append(m.offset)  # as the live path (processors/view.py, POSITION)
             async with lock:  # as the live projectors: a rebuild swaps views between batches only
-                await asyncio.to_thread(apply, records)
+                await asyncio.to_thread(apply, records, positions)
             applied += len(records)
         for tp in list(left):  # by position, not the last record: a span may end at a gap
             if await consumer.position(tp) >= spans[tp][1]:

@@ -78,16 +78,19 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, ca
     while True:
         batches = await consumer.getmany(*parts, timeout_ms=200, max_records=2000)
         for tp, messages in batches.items():
-            records = []
+            records, positions = [], []
             for m in messages:
                 try:
-                    records.append(accept(m, carries))
+                    record = accept(m, carries)
                 except ContractError:  # it went to a dead-letter topic when it was first read
                     progress.skipped.append(f"{tp.topic}[{tp.partition}]@{m.offset}")
+                    continue
+                if isinstance(record, EPISODE_TYPES + REFLECTION_TYPES):
+                    records.append(record)
+                    positions.append(m.offset)  # where the live path put them (processors/view.py, POSITION)
             # Off the event loop: embedding and upserts take the time, and the
             # worker's heartbeats, agents and API go on meanwhile.
-            await asyncio.to_thread(projectors[tp.topic],
-                                    [r for r in records if isinstance(r, EPISODE_TYPES + REFLECTION_TYPES)])
+            await asyncio.to_thread(projectors[tp.topic], records, positions)
             progress.events += len(messages)
         if not any(batches.values()):
             ends = {tp: max(floor[tp], consumer.highwater(tp) or 0) for tp in parts}
@@ -101,7 +104,8 @@ async def held_to(watermarks, consumer: AIOKafkaConsumer, parts, view: str, old_
     """The new view holds every partition up to where the replay stopped
     (an Edge view's watermarks, streams/ownership.py; None with a server)."""
     if watermarks is not None:
-        watermarks.advance(view, {tp: await consumer.position(tp) for tp in parts})
+        held = {tp: await consumer.position(tp) for tp in parts}
+        await asyncio.to_thread(watermarks.advance, view, held)
         watermarks.forget(old_view)
 
 

@@ -18,7 +18,7 @@ from processors.embedders import Embedder
 from processors.guard import Breaker, Budget, Tally
 from processors.reasoners import Reasoner
 from processors.view import VectorStore
-from schemas import ChallengeRequested, Event, ReflectionRequested
+from schemas import ChallengeRequested, Event, InvalidationRequested, ReflectionRequested
 from streams import metrics
 from streams.logs import redacted
 from streams.ownership import Ownership
@@ -74,7 +74,7 @@ class Outlets:
                     settings.topic_requests: raw(settings.dlq_reflections)}
 
     def topic_of(self, event: Event):
-        if isinstance(event, (ReflectionRequested, ChallengeRequested)):
+        if isinstance(event, (ReflectionRequested, ChallengeRequested, InvalidationRequested)):
             return self.requests
         return self.reflections if event.TYPE.startswith("Reflection") else self.episodes
 

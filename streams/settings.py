@@ -343,8 +343,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("refresh_timeout", "REFLECT_REFRESH_TIMEOUT", "10.0", _positive_float,
          "Seconds a blocking read waits for due cycles before it answers, saying it is stale."),
     Spec("cycle_wait", "REFLECT_CYCLE_WAIT", "120.0", _positive_float,
-         "Seconds a retraction waits for its user's asked cycles to finish, so a cycle sees the log up to "
-         "its request and no further (past it, the retraction goes on and those beliefs may depend on timing)."),
+         "Seconds the contradiction and staleness gates (REFLECT_CHALLENGE, REFLECT_STALE_AFTER_DAYS; both off "
+         "by default) wait for a user's asked cycles before judging new episodes against their beliefs (past it, "
+         "the gate goes on and its judgement may depend on timing). Late episodes and retractions never wait."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "", _optional_score,
          "Hybrid score (cosine + BM25 share, boosted) a live belief needs to be served for a pattern question, "
          "ranked together with the episodes (else episodes only); empty: the embedder's own, minilm and hashing "

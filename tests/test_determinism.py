@@ -112,7 +112,7 @@ def settled(worker, settings, events, users) -> bool:
         if (stats.get("episodes"), stats.get("retracted"), stats.get("cycles")) != \
                 (recorded[u] - retracted[u], retracted[u], asked[u]):
             return False
-    requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)}
+    requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests) if "cycle_id" in e}
     completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # a challenge's audit
                  if e["type"] in ("ReflectionCycleCompleted", "ReflectionChallenged")}     # is ReflectionChallenged
     return requests <= completed

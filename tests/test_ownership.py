@@ -5,9 +5,11 @@ tests/test_workers.py."""
 
 from __future__ import annotations
 
+import orjson
 from aiokafka import TopicPartition
 
-from streams.ownership import Watermarks, owner_in
+from processors.view import EdgeView
+from streams.ownership import NO_USER, Watermarks, owner_in
 
 
 def test_the_owner_is_the_worker_assigned_the_partition_and_none_while_unassigned():
@@ -19,15 +21,32 @@ def test_the_owner_is_the_worker_assigned_the_partition_and_none_while_unassigne
     assert owner_in({}, "episodes", 0) is None
 
 
-def test_watermarks_only_advance_survive_a_restart_and_are_per_view(tmp_path):
-    path = tmp_path / "view" / "offsets.json"
-    marks = Watermarks(path)
+def test_watermarks_live_in_the_view_only_advance_and_survive_a_restart(tmp_path):
     e0, r0 = TopicPartition("episodes", 0), TopicPartition("reflections", 0)
-    assert marks.get("reflect-0001", e0) == 0
-    marks.advance("reflect-0001", {e0: 10, r0: 3})
-    marks.advance("reflect-0001", {e0: 7})  # a replayed batch never moves it back
-    again = Watermarks(path)
-    assert (again.get("reflect-0001", e0), again.get("reflect-0001", r0)) == (10, 3)
-    assert again.get("reflect-0002", e0) == 0  # a rebuilt view holds only what its rebuild recorded
-    again.forget("reflect-0001")
-    assert Watermarks(path).get("reflect-0001", e0) == 0
+    view = EdgeView(tmp_path, "reflect", 8)
+    try:
+        marks = Watermarks(view, tmp_path / "offsets.json")
+        assert marks.get(view.name, e0) == 0
+        marks.advance(view.name, {e0: 10, r0: 3})
+        marks.advance(view.name, {e0: 7})  # a replayed batch never moves it back
+        assert view.count(NO_USER, kind="watermarks") == 1  # one point, in the view itself
+        assert marks.get("reflect-0002", e0) == 0  # a rebuilt view holds only what its rebuild recorded
+    finally:
+        view.close()
+    view = EdgeView(tmp_path, "reflect", 8)  # reopened: read back from the shard's own log
+    try:
+        again = Watermarks(view)
+        assert (again.get(view.name, e0), again.get(view.name, r0)) == (10, 3)
+        assert not (tmp_path / "offsets.json").exists()
+        assert view.count("u") == 0  # no user's read meets the point
+    finally:
+        view.close()
+
+
+def test_a_view_from_before_reads_its_watermarks_from_the_old_file(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 8)
+    try:
+        (tmp_path / "offsets.json").write_bytes(orjson.dumps({view.name: {"episodes:0": 42}}))
+        assert Watermarks(view, tmp_path / "offsets.json").get(view.name, TopicPartition("episodes", 0)) == 42
+    finally:
+        view.close()

@@ -25,8 +25,8 @@ from processors.embedders import HashingEmbedder
 from processors.projector import point_id
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
-from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionChallenged, ReflectionCreated,
-                     ReflectionCycleCompleted, decode)
+from schemas import (EpisodeRecorded, EpisodeRetracted, InvalidationRequested, ReflectionChallenged,
+                     ReflectionCreated, ReflectionCycleCompleted, decode)
 from streams.pipeline.policy import PROBE_USER, Backoff
 from streams.runtime import Runtime
 from streams.settings import Settings
@@ -102,7 +102,10 @@ class Witness:
     def answered_in_log(self, user: str, sequence: int):
         """The user's requests up to `sequence` are done: this one's cycle
         completed on the log (or its request dead-lettered), its beliefs in the view."""
-        cycles = [e.cycle_id for e in self.outlets.requests.events() if e.user_id == user and e.sequence == sequence]
+        asked = [e for e in self.outlets.requests.events() if e.user_id == user and e.sequence == sequence]
+        if asked and isinstance(asked[0], InvalidationRequested):  # its decisions: see gone_in_view
+            return self.gone_in_view(user, {"gone": [asked[0].episode_id]})
+        cycles = [e.cycle_id for e in asked]
         if not cycles:
             return f"request {sequence} was on the requests topic"
         made = [e for e in self.outlets.reflections.events() if getattr(e, "cycle_id", None) == cycles[0]]

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, episode_point, plan_episodes, point_id
-from processors.view import EdgeView
+from processors.view import GONE, POSITION, EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted
 
 
@@ -15,8 +15,8 @@ def rec(eid: str, text: str = "t", user: str = "u") -> EpisodeRecorded:
     return EpisodeRecorded(user_id=user, episode_id=eid, text=text, importance=0.5)
 
 
-def ret(eid: str, user: str = "u") -> EpisodeRetracted:
-    return EpisodeRetracted(user_id=user, episode_id=eid)
+def ret(eid: str, user: str = "u", reason: str = "incorrect") -> EpisodeRetracted:
+    return EpisodeRetracted(user_id=user, episode_id=eid, reason=reason)
 
 
 def test_point_ids_are_deterministic_and_scoped_by_user_and_kind():
@@ -75,15 +75,24 @@ def projector(tmp_path):
 
 
 def test_apply_projects_payload_and_retraction_leaves_a_tombstone(projector):
-    projector.apply([rec("a", "alpha"), rec("b", "beta"), ret("z")])
-    projector.apply([ret("a"), rec("z", "must not appear")])
+    projector.apply([rec("a", "alpha"), rec("b", "beta"), ret("z"), rec("c", "gamma")], [0, 1, 2, 3])
+    projector.apply([ret("a"), rec("z", "must not appear"), ret("c", reason="erasure")], [4, 5, 6])
     view = projector.view
-    a, b, z = (view.get([episode_point(ret(e))])[episode_point(ret(e))] for e in "abz")
+    a, b, c, z = (view.get([episode_point(ret(e))])[episode_point(ret(e))] for e in "abcz")
     assert b == {"user_id": "u", "kind": "episode", "episode_id": "b", "text": "beta", "importance": 0.5,
                  "occurred_at": b["occurred_at"], "recorded_at": b["recorded_at"], "status": "recorded",
-                 "depth": 0}
-    assert a["status"] == z["status"] == "retracted" and "text" not in a and "text" not in z
+                 "depth": 0, POSITION: 1}
+    assert a["status"] == c["status"] == z["status"] == "retracted" and "text" not in c and "text" not in z
+    # Retracted as incorrect, it keeps its text for the cycles asked before the retraction (GONE).
+    assert a["text"] == "alpha" and (a[POSITION], a[GONE]) == (0, 4) and c[GONE] == 6
     assert view.count("u", status="recorded") == 1
+
+
+def test_an_erasure_takes_the_text_an_earlier_retraction_left(projector):
+    projector.apply([rec("a", "alpha")], [0])
+    projector.apply([ret("a")], [1])
+    projector.apply([ret("a", reason="erasure")], [2])
+    assert "text" not in projector.view.get([episode_point(ret("a"))])[episode_point(ret("a"))]
 
 
 def test_the_view_does_not_depend_on_where_batches_end(tmp_path):
@@ -103,4 +112,4 @@ def test_the_view_does_not_depend_on_where_batches_end(tmp_path):
         view.close()
     one, each = views
     assert one == each
-    assert all("text" not in p for p in one.values() if p["status"] == "retracted")
+    assert {p["episode_id"] for p in one.values() if p["status"] == "retracted"} == {"e1", "e3"}

@@ -7,6 +7,7 @@ import sys
 import threading
 from dataclasses import replace
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
@@ -61,7 +62,9 @@ def test_rebuild_answers_as_before_serves_reads_meanwhile_and_never_calls_the_re
         def settled():  # the same view a second apart, with every requested cycle run
             now_seen, previous = snapshot(w, users), last.get("seen")
             last["seen"] = now_seen
-            return now_seen == previous and cycles_run() == run(_count(s, s.topic_requests))
+            asked = run(_cycle_ids(s, s.topic_requests, ("ReflectionRequested", "ChallengeRequested")))
+            done = run(_cycle_ids(s, s.topic_reflections, ("ReflectionCycleCompleted",)))  # revalidations too
+            return now_seen == previous and asked <= done and cycles_run() == len(done)
 
         wait_for(settled, 60, "the pipeline to settle", every=1.0)
         before, calls = snapshot(w, users), len(api.requests)
@@ -108,15 +111,16 @@ async def _retract_one(settings, user, episode_id):
         await p.retract_episode(user, episode_id)
 
 
-async def _count(settings, topic):
-    """Records on a topic: read until a fetch comes back empty."""
+async def _cycle_ids(settings, topic, kinds) -> set[str]:
+    """The cycle ids of a topic's records of `kinds`: read until a fetch comes back empty."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()
     try:
-        seen = 0
+        seen = set()
         while batch := await consumer.getmany(timeout_ms=500):
-            seen += sum(len(v) for v in batch.values())
+            seen |= {e["cycle_id"] for v in batch.values() for m in v for e in [orjson.loads(m.value)]
+                     if e["type"] in kinds}
         return seen
     finally:
         await consumer.stop()

@@ -45,6 +45,8 @@ EXAMPLES = [
                                  status="superseded", heuristic=True, reason="1: contradicted"),
     schemas.ReflectionStaled(user_id="alice", reflection_id="r-1", stale=True, supported_at=T, horizon_days=30.0,
                              cause="ep-9"),
+    schemas.InvalidationRequested(user_id="alice", episode_id="ep-3", reason="incorrect", retraction_id="ev-12",
+                                  sequence=5, position=311),
 ]
 
 

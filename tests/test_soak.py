@@ -142,7 +142,7 @@ def test_soak(broker, tmp_path):
 
         # ... and the reflector with every cycle asked for (an audit event each).
         def cycles_pending() -> int:
-            asked = {e["cycle_id"] for e in read_events(settings, settings.topic_requests)}
+            asked = {e["cycle_id"] for e in read_events(settings, settings.topic_requests) if "cycle_id" in e}
             done = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
                     if e["type"] == "ReflectionCycleCompleted"}
             return len(asked - done)
@@ -154,7 +154,7 @@ def test_soak(broker, tmp_path):
         rss_mid, rss_end = half[0]["rss"], samples[-1]["rss"]
         lag_trend = slope([(s["t"], s["lag"]) for s in half])  # episodes per second
         reflections = read_events(settings, settings.topic_reflections)
-        requests = {e["cycle_id"]: e for e in read_events(settings, settings.topic_requests)}
+        requests = {e["cycle_id"]: e for e in read_events(settings, settings.topic_requests) if "cycle_id" in e}
         cycles = [e for e in reflections if e["type"] == "ReflectionCycleCompleted"]
         waited = [(parse_time(c["recorded_at"]) - parse_time(requests[c["cycle_id"]]["recorded_at"])).total_seconds()
                   for c in cycles if c["cycle_id"] in requests]

@@ -1,28 +1,31 @@
 """The episodes pipeline: one agent over `episodes`, the roles in a fixed order.
 
 For each batch: **project** (the view), then **accumulate** (per-user
-triggers, which may ask for cycles, and manual requests, which the user's
-agent publishes here so they are forwarded in stream order), then
-**invalidate** (the provenance walk of each retraction). The order is the point: what the accumulator counts is
-already in the view when it asks for a cycle, so the cycle reads exactly the
-window its request names, and a retraction's invalidations are in the view
-before anything after it in the log is handled.
+triggers, which may ask for cycles; manual requests, which the user's agent
+publishes here so they are forwarded in stream order; retractions, forwarded
+so that their provenance walk runs in the requests pipeline, in the user's
+request order). What the accumulator counts is already in the view when it
+asks for a cycle, so the cycle reads exactly the window its request names.
+A retraction is a segment of its own: the runs the gates judge end there.
 
-Every request forwarded from here carries the user's next sequence number. A
-retraction is handled alone, after the cycles of every request asked before
-it are done (bounded by `cycle_wait`): a cycle then sees the log up to its
-request and no further, whatever the timing — the same log gives the same
-beliefs.
+Every request forwarded from here carries the user's next sequence number
+and its position: the offset of the record that asked for it. Episodes and
+retractions are projected at once, however late they come, and a cycle
+reads only what was logged at or before its request (processors/view.py,
+POSITION and GONE): the same log gives the same beliefs, and nothing here
+waits for a cycle — but the contradiction and staleness gates, off by
+default, which judge new episodes against the beliefs of the cycles asked
+before them (`cycles_settled`, bounded by `cycle_wait`).
 
-State changes (accumulators, invalidator state) are written only once the
-effects they describe are in the view and the log: a crash or a transient
-fault in between replays the batch from the state before it.
+The accumulators are written only once the effects they describe are in the
+view and the log; each carries the offset of the last record it folded in,
+so a crash or a transient fault in between replays the batch from the state
+before it, and a redelivery after the write changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from dataclasses import replace
 from typing import Any
@@ -32,11 +35,11 @@ from processors.challenge import GATE_SCORE, gather
 from processors.gate import asked, bearing_of
 from processors.staleness import first_stale, went_stale
 from processors.embedders import Precomputed
-from processors.invalidator import Invalidator, empty_state
-from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector, latest
-from schemas import ChallengeRequested, EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, parse_time
+from processors.invalidator import forwarded, placed
+from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
+                                  first_logged, latest)
+from schemas import ChallengeRequested, EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested
 from streams import metrics
-from streams.pipeline.policy import FAILED
 from streams.pipeline.runner import HandedOver, Runner
 from streams.runtime import Runtime, write
 
@@ -53,20 +56,6 @@ def segments(admitted: list[tuple[Event, Any]]) -> list[list[tuple[Event, Any]]]
         else:
             out[-1].append(item)
     return out
-
-
-def at_requests(items: list[tuple[Event, Any]], current, trigger: Trigger) -> list[list[tuple[Event, Any]]]:
-    """The segment cut after each record that makes its user's accumulator
-    ask for a cycle (a dry run of `admit` from `current(user)`)."""
-    accs: dict[str, Accumulator] = {}
-    out: list[list[tuple[Event, Any]]] = [[]]
-    for item in items:
-        user = item[0].user_id
-        accs[user], request = admit(accs[user] if user in accs else current(user), item[0], trigger)
-        out[-1].append(item)
-        if request is not None:
-            out.append([])
-    return [chunk for chunk in out if chunk]
 
 
 def numbered(events: list[Event], acc: Accumulator) -> tuple[list[Event], Accumulator]:
@@ -87,7 +76,6 @@ class EpisodesPipeline(Runner):
         view, embedder, settings = runtime.view, runtime.embedder, runtime.settings
         self.project_beliefs = ReflectionProjector(view, embedder).apply
         self.trigger = Trigger.from_settings(settings)
-        self.invalidator = Invalidator(view, settings.citation_floor, settings.max_depth)
         self.gate = settings.challenge == "on"
         self.horizon = settings.stale_after_days
         self.vectors: dict = {}  # the gate's cache of belief and evidence vectors (processors/gate.py)
@@ -101,28 +89,25 @@ class EpisodesPipeline(Runner):
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: dict | None = None) -> None:
         embedder = Precomputed(self.runtime.embedder, prepared or {})
-        project = metrics.timed_apply(EpisodeProjector(self.runtime.view, embedder).apply, "episode")
-        for whole in segments(admitted):
-            if isinstance(whole[0][0], EpisodeRetracted):
-                await self.cycles_settled(whole[0][0].user_id)
-            table = self.runtime.tables.accumulators
-            # Cut after each record that asks for a cycle: what comes after it in the log is projected only
-            # after its request is asked, so a late one waits for the cycle (late_settled) in every batching.
-            for segment in at_requests(whole, lambda user: Accumulator.from_dict(table.get(user)), self.trigger):
-                if not isinstance(segment[0][0], EpisodeRetracted):
-                    await self.late_settled(segment)
-                episodes = [(r, m) for r, m in segment if isinstance(r, EPISODE_TYPES)]
-                async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
-                    applied = {id(m) for _, m in await self.runtime.policy.apply("project", project, episodes)}
-                # What was dead-lettered is not counted either; manual requests go on in their place.
-                kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
-                await self.accumulate(kept, embedder)
-                for record, message in kept:
-                    if isinstance(record, EpisodeRetracted):
-                        await self.invalidate(record, message)
+        projector = EpisodeProjector(self.runtime.view, embedder, erase_now=False)
+        project = metrics.timed_apply(lambda at: projector.apply([r for r, _ in at], [p for _, p in at]), "episode")
+        for segment in segments(admitted):
+            # Projected at once, late or not: a cycle reads only what its request's position precedes.
+            episodes = [((r, m.offset), m) for r, m in segment if isinstance(r, EPISODE_TYPES)]
+            async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
+                applied = {id(m) for _, m in await self.runtime.policy.apply("project", project, episodes)}
+            # What was dead-lettered is not counted either; manual requests go on in their place.
+            kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
+            recorded = [r for r, _ in kept if isinstance(r, EpisodeRecorded)]
+            first = await self.runtime.policy.until_done(
+                "project", lambda: asyncio.to_thread(first_logged, self.runtime.view, recorded))
+            await self.accumulate(kept, embedder, first)
 
-    async def accumulate(self, applied: list[tuple[Event, Any]], embedder=None) -> None:
-        """Fold the segment into the accumulators in order. Each user's new
+    async def accumulate(self, applied: list[tuple[Event, Any]], embedder=None,
+                         first: dict[str, int] | None = None) -> None:
+        """Fold the segment into the accumulators in order, skipping what the
+        state holds already (a redelivery) and an episode logged before
+        (`first`: a retried write, however far back). Each user's new
         episodes since its last request form a run, which passes the
         contradiction gate where a request fires or the segment ends (see
         `gated`)."""
@@ -130,21 +115,33 @@ class EpisodesPipeline(Runner):
         partitions = {r.user_id: m.partition for r, m in applied}
         changed: dict[str, Accumulator] = {}
         runs: dict[str, list[EpisodeRecorded]] = {}
-        for record, _ in applied:
+        positions = {r.episode_id: m.offset for r, m in applied if isinstance(r, EpisodeRecorded)}
+        for record, message in applied:
             user = record.user_id
             acc = changed[user] if user in changed else Accumulator.from_dict(table.get(user))
+            if acc.applied_at(message.offset):
+                continue
+            acc = replace(acc, applied=message.offset)
+            if isinstance(record, EpisodeRecorded) and (first or {}).get(record.episode_id, message.offset) < \
+                    message.offset:
+                changed[user] = acc  # logged before: counted then
+                continue
             if isinstance(record, EpisodeRecorded) and not acc.holds(record.episode_id):
                 runs.setdefault(user, []).append(record)
             changed[user], request = admit(acc, record, self.trigger)
-            if request is not None:
-                await self.gated(user, runs.pop(user, []), changed, [request], embedder)
+            if isinstance(record, EpisodeRetracted):  # its walk runs in the user's request order
+                changed[user], request = number(changed[user], forwarded(record, message.offset))
+                await self.publish([request])
+            elif request is not None:
+                request = replace(request, position=message.offset)
+                await self.gated(user, runs.pop(user, []), changed, [request], embedder, positions)
         for user, run in runs.items():
-            await self.gated(user, run, changed, [], embedder)
+            await self.gated(user, run, changed, [], embedder, positions)
         for user, acc in changed.items():
             write(table, partitions[user], user, acc.to_dict())
 
     async def gated(self, user: str, run: list[EpisodeRecorded], changed: dict[str, Accumulator],
-                    fired: list[Event], embedder) -> None:
+                    fired: list[Event], embedder, positions: dict[str, int]) -> None:
         """The run through the contradiction gate, then `fired` (the request the
         run's last episode fired, if any), all in the user's sequence.
 
@@ -186,7 +183,7 @@ class EpisodesPipeline(Runner):
                     await asyncio.to_thread(self.project_beliefs, [e for e in went if isinstance(e, REFLECTION_TYPES)])
                     went, acc = numbered(went, acc)
                     asked_now = [*asked_now, *went]
-            await self.publish(asked_now)
+            await self.publish(placed(asked_now, positions.get(judged[done - 1]["id"])))
             run = run[done:]
         out = []
         for request in fired:
@@ -194,23 +191,6 @@ class EpisodesPipeline(Runner):
             out.append(request)
         changed[user] = acc
         await self.publish(out)
-
-    async def late_settled(self, segment: list[tuple[Event, Any]]) -> None:
-        """An episode that occurred no later than a request already asked of
-        its user (valid time out of stream order: a late episode, or one after
-        a retraction stamped later) waits for those cycles before it is
-        projected: a cycle reads evidence by valid time, and must not see an
-        episode that came after its request in the log."""
-        table = self.runtime.tables.accumulators
-        earliest: dict[str, Any] = {}
-        for record, _ in segment:
-            if isinstance(record, EpisodeRecorded):
-                at = parse_time(record.occurred_at)
-                earliest[record.user_id] = min(at, earliest.get(record.user_id, at))
-        for user, at in earliest.items():
-            asked_at = Accumulator.from_dict(table.get(user)).asked_at
-            if asked_at is not None and at <= parse_time(asked_at) and self.due(user):
-                await self.cycles_settled(user)
 
     def due(self, user: str) -> bool:
         tables = self.runtime.tables
@@ -239,30 +219,3 @@ class EpisodesPipeline(Runner):
                     await asyncio.wait_for(done.wait(), min(HANDOVER_CHECK, deadline - loop.time()))
                 except asyncio.TimeoutError:
                     pass
-
-    async def invalidate(self, retraction: EpisodeRetracted, message) -> None:
-        """The provenance walk of one retraction: its events into the view, then
-        the log (revalidation requests numbered in the user's sequence), then
-        the state (so a walk cut short is redone)."""
-        user, tables = retraction.user_id, self.runtime.tables
-        table = tables.provenance
-        async with self.runtime.user_lock(user):
-            def walk():
-                state = copy.deepcopy(table.get(user) or empty_state())
-                made, known = self.invalidator.on_retracted(retraction, state)
-                self.project_beliefs([e for e in made if isinstance(e, REFLECTION_TYPES)])
-                return state, made, known
-
-            done = await self.runtime.policy.alone("invalidate", lambda: asyncio.to_thread(walk), message)
-            if done is FAILED:
-                return
-            state, made, known = done
-            if not known:
-                log.info("retraction of episode %s of user %s, which the view never held: a tombstone, "
-                         "nothing to invalidate", retraction.episode_id, user)
-            acc = Accumulator.from_dict(tables.accumulators.get(user))
-            made, acc = numbered(made, acc)
-            await self.publish(made)
-            metrics.invalidations(made)
-            write(table, message.partition, user, state)
-            write(tables.accumulators, message.partition, user, acc.to_dict())

@@ -1,8 +1,9 @@
-"""The requests pipeline: one agent over `reflection-requests`, one cycle at a time.
+"""The requests pipeline: one agent over `reflection-requests`, one request at a time.
 
-A user's requests are on one partition, so the user's cycles run in log
-order. For each: refuse it (budget spent, breaker open) or run the five steps
-off the event loop (a reasoner call takes seconds; heartbeats, the other
+A user's requests are on one partition, so the user's cycles, and the
+provenance walks of its retractions (`InvalidationRequested`, see
+`invalidate`), run in log order. For each cycle: refuse it (budget spent,
+breaker open) or run the five steps off the event loop (a reasoner call takes seconds; heartbeats, the other
 pipelines and the API go on); then write the cycle's belief events into the
 view *before* publishing them, so the user's next cycle sees them whatever
 the reflections pipeline has read — and mark the cycle done. A request whose
@@ -16,6 +17,7 @@ accumulator has reset: a failing cycle is never asked again by itself.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from datetime import datetime, timezone
 from typing import Any
@@ -23,9 +25,10 @@ from typing import Any
 from processors.accumulator import Accumulator
 from processors.challenger import refused_challenge, run_challenge
 from processors.guard import Spend, day_of, tokens_of
-from processors.projector import ReflectionProjector
+from processors.invalidator import Invalidator, empty_state, placed
+from processors.projector import REFLECTION_TYPES, ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
-from schemas import ChallengeRequested, Event, ReflectionCycleCompleted, ReflectionRequested
+from schemas import ChallengeRequested, Event, InvalidationRequested, ReflectionCycleCompleted, ReflectionRequested
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
@@ -48,10 +51,14 @@ class RequestsPipeline(Runner):
         super().__init__(runtime)
         self.config = CycleConfig.from_settings(runtime.settings)
         self.project = ReflectionProjector(runtime.view, runtime.embedder).apply
+        self.invalidator = Invalidator(runtime.view, runtime.settings.citation_floor, runtime.settings.max_depth)
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         for request, message in admitted:
-            await self.reflect(request, message)
+            if isinstance(request, InvalidationRequested):
+                await self.invalidate(request, message)
+            else:
+                await self.reflect(request, message)
 
     def done_already(self, request: ReflectionRequested) -> bool:
         done = self.runtime.tables.requests_done.get(request.user_id) or 0
@@ -132,3 +139,35 @@ class RequestsPipeline(Runner):
             write(done, partition, user, request.sequence)
         async with self.runtime.cycle_done:
             self.runtime.cycle_done.notify_all()
+
+    async def invalidate(self, request: InvalidationRequested, message) -> None:
+        """The provenance walk of a retraction, in the user's request order:
+        after the cycles asked before it, which read the episode as of their
+        own positions. Its events go into the view, then the log; the
+        revalidation cycles it asks run here and now, at the retraction's
+        position, so no request asked later can come between; then the state
+        (a walk cut short is redone from the state before it). The user's
+        lock keeps the reflections pipeline's check of a late belief out
+        meanwhile."""
+        if self.done_already(request):
+            return
+        retraction, user, table = request.retraction(), request.user_id, self.runtime.tables.provenance
+        async with self.runtime.user_lock(user):
+            def walk():
+                state = copy.deepcopy(table.get(user) or empty_state())
+                made, known = self.invalidator.on_retracted(retraction, state)
+                self.project([e for e in made if isinstance(e, REFLECTION_TYPES)])
+                return state, made, known
+
+            done = await self.runtime.policy.alone("invalidate", lambda: asyncio.to_thread(walk), message)
+            if done is not FAILED:
+                state, made, known = done
+                if not known:
+                    log.info("retraction of episode %s of user %s, which the view never held: a tombstone, "
+                             "nothing to invalidate", retraction.episode_id, user)
+                await self.publish([e for e in made if isinstance(e, REFLECTION_TYPES)])
+                metrics.invalidations(made)
+                for revalidation in placed([e for e in made if isinstance(e, ReflectionRequested)], request.position):
+                    await self.reflect(revalidation, message)
+                write(table, message.partition, user, state)
+        await self.mark_done(request, message.partition)

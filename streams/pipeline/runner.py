@@ -77,7 +77,7 @@ class Runner:
             self.give_up(events)
             return True
         if self.PROJECTS:  # how far the view holds this topic: streams/ownership.py
-            self.runtime.ownership.applied(events)
+            await self.runtime.ownership.applied(events)
             await compaction.check(self.runtime)
         for event in events:
             await stream.ack(event)

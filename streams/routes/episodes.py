@@ -13,7 +13,7 @@ import asyncio
 
 from faust.web import Request, Response, View
 
-from processors.projector import point_id
+from processors.projector import point_id, served
 from streams.producer import episode_id_for_key, key_problem, make_episode, make_retraction
 from streams.routes.common import ApiError, answers_json, context, json_body, known_fields, owned, publish
 
@@ -60,7 +60,7 @@ class Episode(View):
         payload = (await asyncio.to_thread(context(self).view.get, [pid])).get(pid)
         if payload is None or payload.get("user_id") != user_id:
             raise ApiError(404, "not_found", "no such episode for this user")
-        return self.json(payload)
+        return self.json(served(payload))
 
 
 class Retract(View):

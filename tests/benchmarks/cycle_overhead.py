@@ -78,11 +78,11 @@ class WholeStore:
     def __init__(self, view: EdgeView) -> None:
         self.view = view
 
-    def search(self, user_id, vector, k, before=None, **match) -> list[Hit]:
+    def search(self, user_id, vector, k, before=None, upto=None, **match) -> list[Hit]:
         q, shard, offset, points = self.view._q, self.view._shard, None, []
         while True:
             records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=2048, with_payload=True,
-                                                           with_vector=True, filter=self.view._filter(user_id, match)))
+                                                           with_vector=True, filter=self.view._filter(user_id, match, upto=upto)))
             points += [r for r in records if before is None or r.payload["occurred_at"] <= before]
             if offset is None:
                 break
@@ -93,13 +93,13 @@ class WholeStore:
         order = np.argsort(-scores)[:k]
         return [Hit(str(points[i].id), float(scores[i]), dict(points[i].payload)) for i in order]
 
-    def search_many(self, user_id, vectors, k, before=None, **match) -> list[list[Hit]]:
-        return [self.search(user_id, v, k, before, **match) for v in vectors]
+    def search_many(self, user_id, vectors, k, before=None, upto=None, **match) -> list[list[Hit]]:
+        return [self.search(user_id, v, k, before, upto, **match) for v in vectors]
 
     def search_hybrid(self, user_id, vectors, texts, k, before=None, scoring=None, prefetch=None, ids=None,
-                      **match) -> list[list[Hit]]:
+                      upto=None, **match) -> list[list[Hit]]:
         # The naive design has no BM25: cosine over the whole store, restricted to `ids` if given.
-        found = self.search_many(user_id, vectors, k if ids is None else len(ids) + k, before, **match)
+        found = self.search_many(user_id, vectors, k if ids is None else len(ids) + k, before, upto, **match)
         keep = None if ids is None else set(ids)
         return [[h for h in hits if keep is None or h.id in keep][:k] for hits in found]
 

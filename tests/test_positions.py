@@ -1,0 +1,125 @@
+"""Cycles read as of their place in the log, so ingest never waits for them.
+
+Episodes that reach the log out of valid-time order (a client posting a
+user's turns eight at a time) and retractions are projected at once; a cycle
+reads only the episodes logged at or before its request, less those
+retracted by then (processors/view.py, POSITION and GONE), and a
+retraction's walk runs in the user's request order (an erasure's takes the
+text then). Shown in-process over
+the real Qdrant Edge view (tests/memory_worker.py): the same late-arriving
+history, with retractions of cited episodes, a manual cycle between them and
+erasures near the end,
+gives the same beliefs whether every cycle runs as soon as it is asked, in
+batches of 5, or only once the whole history is in the view (a reasoner far
+behind ingest), in batches of 256 — and in the second case the episodes
+pipeline reads the whole history while no cycle has run, since nothing it
+does waits for one.
+
+    python -m pytest tests/test_positions.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import replace
+
+from memory_worker import MemoryWorker, memory_runtime
+from processors.embedders import HashingEmbedder
+from processors.reasoners import OfflineReasoner
+from processors.view import POSITION, EdgeView
+from schemas import EpisodeRecorded, ReflectionCycleCompleted
+from streams.settings import Settings
+from test_determinism import MIN_EPISODES, THRESHOLD, as_set, differences, history
+from test_faults_crash import beliefs_of, episode_stream, points_of, users_by_partition
+from test_faults_view import erasing
+
+USERS = users_by_partition(1, 4)
+WAIT = 30.0  # REFLECT_CYCLE_WAIT for these runs: a pipeline that still waited would take that long
+
+
+def late(events, spread: int = 8, seed: int = 3):
+    """Each user's episodes in log order, their valid times shuffled within
+    runs of `spread`: what `spread` concurrent posts of consecutive turns give."""
+    rng, by_user = random.Random(seed), {}
+    for e in events:
+        if isinstance(e, EpisodeRecorded):
+            by_user.setdefault(e.user_id, []).append(e)
+    times = {}
+    for user, own in by_user.items():
+        stamps = [e.occurred_at for e in own]
+        for start in range(0, len(stamps), spread):
+            block = stamps[start:start + spread]
+            rng.shuffle(block)
+            stamps[start:start + spread] = block
+        times.update({e.episode_id: t for e, t in zip(own, stamps)})
+    return [replace(e, occurred_at=times[e.episode_id]) if isinstance(e, EpisodeRecorded) else e for e in events]
+
+
+class BehindReasoner(MemoryWorker):
+    """Cycles run only once every episode is read and handled: the reasoner
+    as far behind ingest as it can be."""
+
+    async def consume(self, topic, runner) -> None:
+        if topic is self.runtime.outlets.requests:
+            episodes = self.runtime.outlets.episodes
+            async with self.turns:
+                await self.turns.wait_for(lambda: not self.unread(episodes) and self.busy == 0)
+            self.ingested = time.monotonic()
+            self.cycles_when_ingested = sum(isinstance(e, ReflectionCycleCompleted)
+                                            for e in self.runtime.outlets.reflections.events())
+        await super().consume(topic, runner)
+
+
+def settings_for(tmp, batch: int) -> Settings:
+    return Settings.load(env={}, data_dir=str(tmp), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
+                         projector_batch=batch, cycle_wait=WAIT)
+
+
+def run(tmp, events, batch: int, worker_class=MemoryWorker):
+    settings = settings_for(tmp, batch)
+    embedder = HashingEmbedder()
+    view = EdgeView(settings.view_dir, settings.view, embedder.dim)
+    worker = worker_class(memory_runtime(settings, view, embedder, OfflineReasoner(embedder)))
+    try:
+        started = time.monotonic()
+        asyncio.run(worker.run(list(events)))
+        return worker, started, points_of(view, USERS)
+    finally:
+        view.close()
+
+
+def test_late_episodes_never_wait_and_give_the_same_beliefs_whatever_the_reasoners_pace(tmp_path):
+    events = late(erasing(history(USERS, settings_for(tmp_path, 256)), USERS))
+    assert any(a.occurred_at > b.occurred_at for a, b in zip(events, events[len(USERS):])
+               if a.user_id == b.user_id), "the history has no late episode"
+
+    _, _, eager = run(tmp_path / "eager", events, batch=5)
+    behind, started, later = run(tmp_path / "behind", events, batch=256, worker_class=BehindReasoner)
+
+    for points in (eager, later):  # the erasures' walks took the text, whenever they ran
+        erased = [p for u in USERS for p in points[u].values() if p.get("episode_id") == f"{u}-12"]
+        assert len(erased) == len(USERS) and not any("text" in p for p in erased)
+    assert behind.cycles_when_ingested == 0
+    assert behind.ingested - started < WAIT / 3, "ingest waited for the reasoner"
+    beliefs = beliefs_of(eager)
+    assert sum(map(len, beliefs.values())) >= len(USERS) * 3, "too few beliefs for the comparison to mean much"
+    assert any(p["status"] != "live" or p.get("lost_evidence_ids") for b in beliefs.values() for p in b.values()), \
+        "the retractions changed no belief"
+    for user, held in beliefs.items():
+        one = {rid: as_set(p) for rid, p in held.items()}
+        other = {rid: as_set(p) for rid, p in beliefs_of(later)[user].items()}
+        diff = differences(one, other)
+        assert not diff, "\n".join([user, *(f"{rid}: {d}" for rid, d in diff.items())])
+
+
+def test_an_episode_logged_again_keeps_its_first_offset_and_is_counted_once(tmp_path):
+    """A retried write comes back after more episodes than the accumulator's
+    window (100) holds: its point keeps the offset it was first logged at,
+    and the user's episodes are counted once each."""
+    events = episode_stream(USERS[:1], 130)
+    worker, _, points = run(tmp_path, events + events[:3], batch=16)
+    positions = {p["episode_id"]: p[POSITION] for p in points[USERS[0]].values() if p["kind"] == "episode"}
+    assert positions == {e.episode_id: i for i, e in enumerate(events)}
+    assert worker.runtime.tables.accumulators.get(USERS[0])["episodes"] == len(events)
