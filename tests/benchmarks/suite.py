@@ -8,7 +8,10 @@ Scenarios (each module also runs alone, see its docstring): ingest, cycle
 and the worker's memory), invalidation, rebuild, retrieval (evidence recall
 of hybrid vs plain cosine vs BM25 alone, by question type, on the demo history)
 and public (the same on REALTALK's real conversations; it needs the data, see
-tests/benchmarks/realtalk.py). `--quick` runs smaller sizes
+tests/benchmarks/realtalk.py). Opt-in, run only when `--only` names it:
+import (REALTALK POSTed to the API with cycles off, on a 5 s stand-in model
+and offline, and a fresh worker on the same log; tests/benchmarks/realtalk_import.py;
+minutes; quick: 2 conversations, full: all 10). `--quick` runs smaller sizes
 (under 5 minutes on 2 cores); the full run is what tests/benchmarks/README.md shows.
 """
 
@@ -42,7 +45,10 @@ SIZES = {
     "retrieval": ({"embedder": "minilm"}, {"embedder": "minilm"}),
     # quick: the four shortest conversations (1,761 turns, 284 questions); full: all ten (8,944 turns, 705)
     "public": ({"embedder": "minilm", "conversations": [1, 2, 3, 4]}, {"embedder": "minilm", "conversations": None}),
+    # opt-in (--only import): REALTALK imported over HTTP, cycles off / on the 5 s stand-in / offline (minutes)
+    "import": ({"conversations": 2}, {"conversations": 10}),
 }
+OPT_IN = {"import"}  # scenarios run only when --only names them
 
 
 def scenario(name: str, size: dict) -> dict:
@@ -71,6 +77,13 @@ def scenario(name: str, size: dict) -> dict:
             return public_recall.measure(size["embedder"], size["conversations"])
         except realtalk.DataMissing as exc:  # data this checkout cannot ship: say so, fail nothing
             return {"skipped": str(exc), "figures": []}
+    if name == "import":
+        import realtalk
+        import realtalk_import
+        try:
+            return realtalk_import.measure(size["conversations"])
+        except realtalk.DataMissing as exc:
+            return {"skipped": str(exc), "figures": []}
     raise ValueError(f"no scenario {name!r} (known: {', '.join(SIZES)})")
 
 
@@ -86,7 +99,7 @@ def run(quick: bool, only: list[str] | None = None) -> dict:
     doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": quick,
            "machine": machine(), "scenarios": {}}
     started = time.perf_counter()
-    for name in only or list(SIZES):
+    for name in only or [n for n in SIZES if n not in OPT_IN]:
         t = time.perf_counter()
         try:
             result = scenario(name, SIZES[name][0 if quick else 1])
