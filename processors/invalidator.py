@@ -5,8 +5,8 @@ The reverse-provenance index is the view's keyword index on `evidence_ids`
 belief and rebuilt by any replay, so there is no second copy to keep in step.
 Its cost follows the dependents, not the store.
 
-Every writer of a belief event puts it in the view before publishing it, so
-the view is never behind the log for beliefs. A retraction is walked in the
+Every writer of a belief event puts it in the view before the user's next
+request runs (the reflector once the log has it, a walk before publishing). A retraction is walked in the
 user's request order (streams/pipeline/requests.py), after the cycles asked
 before it, so their beliefs are in the view when it is walked. A belief that
 still reaches the log citing what a walk found gone (a revalidation asked by

@@ -151,9 +151,10 @@ def _record(kind: str, rid: str, p: dict[str, Any]) -> dict[str, Any]:
 
 def earlier_beliefs(view: VectorStore, request: ReflectionRequested) -> list[dict[str, Any]]:
     """The user's live beliefs of earlier cycles, as of the request's time,
-    oldest first. Every writer of a belief puts it in the view before the log
-    goes on (the reflector its own, the invalidator its decisions), and one
-    user's cycles run in log order: so this set is a function of the log."""
+    oldest first. Every writer of a belief puts it in the view before the
+    user's next request runs (the reflector its own, once published; the
+    walk its decisions), and one user's requests run in log order: so this
+    set is a function of the log."""
     user, at = request.user_id, parse_time(request.occurred_at)
     held = [_record("reflection", p["reflection_id"], p)
             for _, p in view.scroll(user, kind="reflection", status="live")

@@ -279,6 +279,22 @@ def test_a_view_built_before_bm25_serves_dense_only_and_its_successor_is_hybrid(
         view.close()
 
 
+def test_search_up_to_a_position_leaves_out_what_was_logged_after_or_gone_by_then(make_view):
+    """A cycle reads the log as of its request: points logged after it, and
+    episodes retracted at or before it, are out; a point without a position
+    (a belief) is in, and so is an episode retracted only later."""
+    view = make_view()
+    view.upsert([point(1, position=1), point(2, position=2), point(3, position=3),
+                 point(4, position=1, status="retracted", retracted_position=2),
+                 point(5, position=1, status="retracted", retracted_position=9),
+                 ViewPoint(pid(6), unit(6), {"user_id": "alice", "kind": "reflection", "text": "belief"})])
+    found = {h.id for h in view.search("alice", unit(0), k=10, upto=2)}
+    assert found == {pid(1), pid(2), pid(5), pid(6)}
+    hybrid = {h.id for h in view.search_hybrid("alice", [unit(0)], ["text"], k=10, upto=2)[0]}
+    assert hybrid == found
+    assert len(view.search("alice", unit(0), k=10)) == 6
+
+
 def test_hybrid_scores_up_to_a_time_ignore_what_was_projected_after_it(make_view):
     """A cycle's evidence must not depend on how far the projector had read:
     BM25 statistics are taken over what the query may see, not the whole store."""

@@ -1,7 +1,7 @@
 """The reflections pipeline: one agent over `reflections`.
 
 **project**: belief events into the view. Their writers (the reflector, the
-invalidator) put them in the view before publishing them, so here this is an
+invalidator) put them in the view themselves, so here this is an
 idempotent catch-up — what makes a replay or a rebuild see them, and what
 covers a writer that crashed between its publish and its own write.
 

@@ -4,9 +4,10 @@ A user's requests are on one partition, so the user's cycles, and the
 provenance walks of its retractions (`InvalidationRequested`, see
 `invalidate`), run in log order. For each cycle: refuse it (budget spent,
 breaker open) or run the five steps off the event loop (a reasoner call takes seconds; heartbeats, the other
-pipelines and the API go on); then write the cycle's belief events into the
-view *before* publishing them, so the user's next cycle sees them whatever
-the reflections pipeline has read — and mark the cycle done. A request whose
+pipelines and the API go on); then publish the cycle's events and, once the
+broker has them, write them into the view — the log before the view, and the
+view before the user's next request, whose cycle sees them whatever the
+reflections pipeline has read — and mark the cycle done. A request whose
 sequence is already marked done (a redelivery after a crash) is skipped.
 
 A transient fault (the view, the broker) retries the cycle; a deterministic
@@ -72,15 +73,18 @@ class RequestsPipeline(Runner):
         try:
             made = await runtime.policy.alone("reflect", lambda: self.cycle(request, message.partition), message)
             if made is not FAILED:
+                # The log first, then the view: the view never holds a belief the log lacks. The user's
+                # next request waits for both, so its cycle reads this one's beliefs.
                 await self.publish(made)
+                await runtime.policy.until_done("project-reflections",
+                                                lambda: asyncio.to_thread(self.project, made))
                 self.account(request, made[-1], message.partition)
         finally:
             runtime.running.pop(user, None)
         await self.mark_done(request, message.partition)
 
     async def cycle(self, request: ReflectionRequested, partition: int) -> list[Event]:
-        """One cycle's events, already in the view; refused when a budget is
-        spent or the breaker is open."""
+        """One cycle's events; refused when a budget is spent or the breaker is open."""
         runtime = self.runtime
         spent = [s.today(today()) for s in self.spent(request, partition)]
         if isinstance(request, ChallengeRequested):  # challenges get half of each budget: they never starve cycles
@@ -118,20 +122,16 @@ class RequestsPipeline(Runner):
                                "outcome": completed.outcome})
 
     def steps(self, request: ReflectionRequested, recent) -> list[Event]:
-        """Steps 2–5, then the cycle's beliefs into the view (blocking: off the loop)."""
+        """Steps 2–5 (blocking: off the loop)."""
         runtime = self.runtime
         window = cycle_window(runtime.view, request, recent)
-        made = metrics.traced_cycle(run_cycle)(request, window, runtime.view, runtime.embedder,
+        return metrics.traced_cycle(run_cycle)(request, window, runtime.view, runtime.embedder,
                                                runtime.reasoner, self.config)
-        self.project(made)  # the beliefs in the view before the log goes on
-        return made
 
     def challenge(self, request: ChallengeRequested) -> list[Event]:
-        """A challenge cycle, then its events into the view (blocking: off the loop)."""
+        """A challenge cycle (blocking: off the loop)."""
         runtime = self.runtime
-        made = run_challenge(request, runtime.view, runtime.embedder, runtime.reasoner, self.config)
-        self.project(made)
-        return made
+        return run_challenge(request, runtime.view, runtime.embedder, runtime.reasoner, self.config)
 
     async def mark_done(self, request: ReflectionRequested, partition: int) -> None:
         user, done = request.user_id, self.runtime.tables.requests_done
