@@ -253,7 +253,7 @@ async def json_body(request: Request, required: bool = True) -> dict[str, Any]:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:  # a chunked body ran over client_max_size while read
         raise too_large(request.client_max_size) from None
-    if not raw.strip():
+    if not raw:  # whitespace is no JSON: refused below, never taken for no body
         if required:
             raise ApiError(422, "invalid", "a JSON object body is required", "(body)")
         return {}
