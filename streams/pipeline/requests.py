@@ -167,7 +167,9 @@ class RequestsPipeline(Runner):
                              "nothing to invalidate", retraction.episode_id, user)
                 await self.publish([e for e in made if isinstance(e, REFLECTION_TYPES)])
                 metrics.invalidations(made)
-                for revalidation in placed([e for e in made if isinstance(e, ReflectionRequested)], request.position):
+                revalidations = placed([e for e in made if isinstance(e, ReflectionRequested)], request.position)
+                for revalidation in revalidations:
                     await self.reflect(revalidation, message)
+                state["revalidations"] = state.get("revalidations", 0) + len(revalidations)  # for stats
                 write(table, message.partition, user, state)
         await self.mark_done(request, message.partition)

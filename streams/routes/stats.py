@@ -20,6 +20,14 @@ def counts(view, user_id: str) -> dict[str, int]:
             "reflections": view.count(user_id, kind="reflection")}
 
 
+def cycle_kinds(asked_by: dict[str, int], revalidations: int) -> dict[str, int]:
+    """Cycles asked by kind; a forwarded retraction is a request but no cycle."""
+    asked = {why: n for why, n in asked_by.items() if why != "invalidation"}
+    # Revalidations were numbered here before they ran within the walk: both counted.
+    return {why: asked.get(why, 0) for why in CYCLE_KINDS} | asked | \
+        {"revalidation": asked.get("revalidation", 0) + revalidations}
+
+
 class Stats(View):
     @answers_json
     @owned
@@ -27,14 +35,16 @@ class Stats(View):
         ctx = context(self)
         held = await asyncio.to_thread(counts, ctx.view, user_id)
         acc = Accumulator.from_dict(ctx.tables.accumulators.get(user_id))
+        walked = ctx.tables.provenance.get(user_id) or {}
         spent = Spend.from_dict(ctx.tables.spend.get(f"user:{user_id}"))
         return self.json({
             "user_id": user_id, **held,
             "pending_importance": round(acc.pending, 6),
             "high_salience": acc.high_salience,
             "cycles": acc.cycles,  # threshold cycles, as v1 readers know it; every kind below
-            "cycles_by_kind": {why: acc.asked_by.get(why, 0) for why in CYCLE_KINDS} | acc.asked_by,
-            # Every request asked (threshold, revalidation, manual, challenge) and those whose cycle is done.
+            # Revalidation cycles run within their retraction's walk (streams/pipeline/requests.py).
+            "cycles_by_kind": cycle_kinds(acc.asked_by, walked.get("revalidations", 0)),
+            # Every request asked (threshold, manual, challenge, a retraction's walk) and those done.
             "requests": acc.asked, "requests_done": ctx.tables.requests_done.get(user_id) or 0,
             "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
             "last_cycle": ctx.tables.last_cycle.get(user_id) or None,  # what it made, or why nothing
