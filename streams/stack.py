@@ -1,8 +1,11 @@
 """`reflect up`: the whole stack in one process.
 
-An embedded Tansu broker unless a broker is given (flag or REFLECT_BROKER),
+An embedded noida-db broker unless a broker is given (flag or REFLECT_BROKER),
 the topics, the worker with every processor, the view (Qdrant Edge under
---data-dir unless --qdrant-url) and the HTTP API on --port.
+--data-dir unless --qdrant-url) and the HTTP API on --port. The embedded
+log is a file under --data-dir (`log/`), so the log, the view and the tables
+(restored from their changelog topics) are all kept: restarted on the same
+directory, after a clean stop or a SIGKILL, `up` goes on where it was.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -43,12 +45,22 @@ def stack_settings(args: argparse.Namespace, env=os.environ) -> tuple[Settings, 
     given["web_port"] = port if port is not None else given["web_port"] if given["web_port"] is not None else UP_PORT
     if given["embedder"] is None and not env.get("REFLECT_EMBEDDER"):
         given["embedder"] = "minilm" if importlib.util.find_spec("onnxruntime") else "hashing"
-    settings = Settings.load(env=env, **given)
-    if embedded:
-        # Tansu keeps its log in memory, so each run starts from an empty log;
-        # a view left by an earlier run would no longer match it.
-        settings = dataclasses.replace(settings, data_dir=str(Path(settings.data_dir) / "embedded-run"))
-    return settings, embedded
+    return Settings.load(env=env, **given), embedded
+
+
+def log_dir(settings: Settings) -> Path:
+    """Where the embedded broker keeps its log: beside the view, under --data-dir."""
+    return Path(settings.data_dir) / "log"
+
+
+def refuse_foreign_view(settings: Settings) -> None:
+    """A view the embedded log did not build (no log beside it: the directory of a
+    run with --broker, or of `reflect worker`) would answer for events the log
+    does not hold, and its watermarks would skip the log's own."""
+    if settings.qdrant_url is None and settings.view_dir.exists() and any(settings.view_dir.iterdir()) \
+            and not (log_dir(settings) / "kafka.json").exists():
+        raise SettingsError(f"{settings.view_dir} holds a view but {log_dir(settings)} no embedded log: the view "
+                            "was built from another log (--broker?). Give that broker again, or another --data-dir")
 
 
 def refuse_taken_port(settings: Settings, flag: str) -> None:
@@ -68,14 +80,15 @@ def differences(args: argparse.Namespace) -> list[tuple[str, str]]:
     stacked, embedded = stack_settings(args)
     out = [(spec.env, repr(getattr(stacked, spec.name))) for spec in SPECS
            if getattr(plain, spec.name) != getattr(stacked, spec.name)]
-    return [("REFLECT_BROKER", "(an embedded Tansu on a free port)")] + out if embedded else out
+    broker = "(embedded, on a free port: noida-db, its log in data_dir/log; the demo: Tansu)"
+    return [("REFLECT_BROKER", broker)] + out if embedded else out
 
 
 def up(args: argparse.Namespace) -> int:
     import faust
 
     from streams.app import create_app
-    from streams.broker import EmbeddedBroker
+    from streams.broker import BrokerError, EmbeddedBroker, honour_fetch_wait
     from streams.cli import _topics_create, _with_broker_errors
 
     settings, embedded = stack_settings(args)
@@ -83,9 +96,17 @@ def up(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         broker = None
         if embedded:
-            shutil.rmtree(settings.data_dir, ignore_errors=True)
-            broker = stack.enter_context(EmbeddedBroker(kind="tansu"))
+            refuse_foreign_view(settings)
+            log_dir(settings).mkdir(parents=True, exist_ok=True)
+            try:
+                broker = stack.enter_context(EmbeddedBroker(kind="noida", data_dir=str(log_dir(settings)),
+                                                            log_path=str(log_dir(settings) / "noida.log"),
+                                                            ready_timeout=120))
+            except BrokerError as exc:
+                print(f"reflect: error: the embedded broker did not start: {exc}", file=sys.stderr)
+                return 1
             settings = dataclasses.replace(settings, broker=broker.url)
+            honour_fetch_wait()  # noida-db answers an empty fetch at once: idle consumers would spin
         with contextlib.redirect_stdout(sys.stderr):  # topic lines are not the announcement
             if _with_broker_errors(settings, _topics_create(settings)) != 0:
                 return 1
@@ -97,7 +118,7 @@ def up(args: argparse.Namespace) -> int:
             while app.rebalancing or not app.tables.recovery.completed.is_set():
                 await asyncio.sleep(0.1)
             base = f"http://127.0.0.1:{settings.web_port}"
-            where = (f"embedded Tansu at {broker.bootstrap} (memory only: this run's log ends with it)"
+            where = (f"embedded noida-db at {broker.bootstrap} (log in {log_dir(settings)}: kept across restarts)"
                      if broker else settings.bootstrap)
             view = settings.qdrant_url or f"Qdrant Edge in {settings.view_dir}"
             # The CLI's reads and the client look at up's default port unless told.

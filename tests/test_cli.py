@@ -49,7 +49,7 @@ def test_settings_reports_what_up_and_demo_use():
     out = reflect("settings", "--embedder", "hashing", env=env)
     plain, _, stack = out.stdout.partition("reflect up uses instead")
     assert out.returncode == 0 and re.search(r"REFLECT_WEB_PORT\s+6066", plain)
-    assert re.search(r"REFLECT_WEB_PORT\s+8080", stack) and "embedded Tansu" in stack
+    assert re.search(r"REFLECT_WEB_PORT\s+8080", stack) and "embedded, on a free port: noida-db" in stack
     assert "REFLECT_EMBEDDER" not in stack  # asked for hashing: up uses it too
     if importlib.util.find_spec("onnxruntime"):
         assert re.search(r"REFLECT_EMBEDDER\s+'minilm'", reflect("settings", env=env).stdout.split("instead")[1])

@@ -54,7 +54,7 @@ def stack(tmp_path):
 def test_up_serves_the_api_and_stops_cleanly(stack):
     port, process, tmp_path = stack
     announcement = (tmp_path / "up.out").read_text()
-    assert f"http://127.0.0.1:{port}" in announcement and "embedded Tansu at 127.0.0.1:" in announcement
+    assert f"http://127.0.0.1:{port}" in announcement and "embedded noida-db at 127.0.0.1:" in announcement
     assert f"export REFLECT_API=http://127.0.0.1:{port} " in announcement  # not 8080: where reads must look
 
     status, answer = call(port, "POST", "/v1/users/ann/episodes",
@@ -80,7 +80,7 @@ def test_up_serves_the_api_and_stops_cleanly(stack):
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0
-    broker_port = int(re.search(r"embedded Tansu at 127.0.0.1:(\d+)", announcement).group(1))
+    broker_port = int(re.search(r"embedded noida-db at 127.0.0.1:(\d+)", announcement).group(1))
     for gone in (port, broker_port):  # the API and the embedded broker stopped with it
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", gone), timeout=2).close()
