@@ -264,14 +264,18 @@ def measure_parent_killed(prefill: int, rate: int = 2000, seconds: float = 3.0) 
         parent = subprocess.Popen([sys.executable, "-c", PARENT.format(root=str(Path(__file__).resolve().parents[2]),
                                                                        data_dir=tmp, port=port)],
                                   stdout=subprocess.PIPE, text=True)
-        server = int(parent.stdout.readline())
-        b = broker("noida", data_dir=tmp, port=port)
-        asyncio.run(create_topic(b.bootstrap))
-        asyncio.run(produce(b.bootstrap, prefill))
+        try:
+            server = int(parent.stdout.readline())
+            b = broker("noida", data_dir=tmp, port=port)
+            asyncio.run(create_topic(b.bootstrap))
+            asyncio.run(produce(b.bootstrap, prefill))
 
-        class Parent:  # what steady() signals and waits for: the parent, not the broker
-            process, bootstrap = parent, b.bootstrap
-        acked = prefill + asyncio.run(steady(Parent, rate, seconds, signal.SIGKILL))
+            class Parent:  # what steady() signals and waits for: the parent, not the broker
+                process, bootstrap = parent, b.bootstrap
+            acked = prefill + asyncio.run(steady(Parent, rate, seconds, signal.SIGKILL))
+        finally:
+            parent.kill()  # its broker goes with it (SIGTERM, its death signal)
+            parent.wait(10)
         began = time.monotonic()
         while alive(server) and time.monotonic() - began < 60:
             time.sleep(0.02)
