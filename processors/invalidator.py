@@ -6,15 +6,16 @@ belief and rebuilt by any replay, so there is no second copy to keep in step.
 Its cost follows the dependents, not the store.
 
 Every writer of a belief event puts it in the view before the user's next
-request runs (the reflector once the log has it, a walk before publishing). A retraction is walked in the
-user's request order (streams/pipeline/requests.py), after the cycles asked
-before it, so their beliefs are in the view when it is walked. A belief that
-still reaches the log citing what a walk found gone (a revalidation asked by
-a late belief, below, which is not numbered in that order) is caught too:
-this processor also reads every ReflectionCreated / Reinforced and checks
-each against what it knows is gone. That knowledge — gone ids, and its own decisions — is its own state (a
-Faust table keyed by user), so whichever comes first, each belief is decided
-once per lost piece of evidence.
+request runs (the reflector once the log has it, a walk before publishing).
+A retraction is walked in the user's request order
+(streams/pipeline/requests.py), after the cycles asked before it, so their
+beliefs are in the view when it is walked. A belief that still reaches the
+log citing what a walk found gone (a revalidation asked by a late belief,
+below, which is not numbered in that order) is caught too: this processor
+also reads every ReflectionCreated / Reinforced and checks each against what
+it knows is gone. That knowledge — gone ids, and its own decisions — is its
+own state (a Faust table keyed by user), so whichever comes first, each
+belief is decided once per lost piece of evidence.
 
 That state is bounded per user (`bounded`); what it drops can no longer
 matter, or the bound says what it costs:

@@ -176,10 +176,10 @@ class EpisodeProjector:
         retracted = {pid for pid, p in known.items() if p.get("status") == "retracted"}
         plan = plan_episodes(events, retracted)
         first = first_positions(events, positions, known)
-        # An episode retracted as incorrect (not erased) keeps its text and
-        # vector, marked with the retraction's position: a cycle asked before
-        # the retraction still reads it (processors/view.py, GONE), whenever
-        # it runs, and in whatever batches the log was projected.
+        # A retracted episode keeps its text and vector (an erased one until
+        # its walk, unless erase_now), marked with the retraction's position:
+        # a cycle asked before the retraction still reads it (processors/view.py,
+        # GONE), whenever it runs, and in whatever batches the log was projected.
         kept = [plan.retracted_records[episode_point(e)] for e in plan.retractions
                 if not self._erased_here(e) and episode_point(e) not in known
                 and episode_point(e) in plan.retracted_records]
