@@ -76,9 +76,9 @@ class RequestsPipeline(Runner):
                 # The log first, then the view: the view never holds a belief the log lacks. The user's
                 # next request waits for both, so its cycle reads this one's beliefs.
                 await self.publish(made)
+                self.account(request, made[-1], message.partition)
                 await runtime.policy.until_done("project-reflections",
                                                 lambda: asyncio.to_thread(self.project, made))
-                self.account(request, made[-1], message.partition)
         finally:
             runtime.running.pop(user, None)
         await self.mark_done(request, message.partition)
