@@ -19,6 +19,7 @@ from processors.embedders import make_embedder
 from processors.reasoners import make_reasoner
 from processors.view import EmbedderMismatch, open_view, stop_optimizing
 from streams import api, metrics, pipeline
+from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
 from streams.patches import forget_given_up, patch_commit_floor, patch_fetch_wait, patch_flow_control_resume
@@ -29,6 +30,9 @@ from streams.settings import Settings, SettingsError
 
 def faust_app(settings: Settings) -> faust.App:
     patch_fetch_wait()
+    # A broker that answers an empty fetch at once (noida-db) made idle consumers
+    # spin (0.7–0.9 core a worker); one that holds it (Kafka, Tansu) waits no longer.
+    honour_fetch_wait()
     patch_flow_control_resume()
     patch_commit_floor()
     app = faust.App(

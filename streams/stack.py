@@ -88,7 +88,7 @@ def up(args: argparse.Namespace) -> int:
     import faust
 
     from streams.app import create_app
-    from streams.broker import BrokerError, EmbeddedBroker, honour_fetch_wait
+    from streams.broker import BrokerError, EmbeddedBroker
     from streams.cli import _topics_create, _with_broker_errors
 
     settings, embedded = stack_settings(args)
@@ -106,7 +106,6 @@ def up(args: argparse.Namespace) -> int:
                 print(f"reflect: error: the embedded broker did not start: {exc}", file=sys.stderr)
                 return 1
             settings = dataclasses.replace(settings, broker=broker.url)
-            honour_fetch_wait()  # noida-db answers an empty fetch at once: idle consumers would spin
         with contextlib.redirect_stdout(sys.stderr):  # topic lines are not the announcement
             if _with_broker_errors(settings, _topics_create(settings)) != 0:
                 return 1
