@@ -248,12 +248,12 @@ def alive(pid: int) -> bool:
 
 
 PARENT = """
-import sys, time
+import signal, sys
 sys.path.insert(0, {root!r})
 from streams.broker import EmbeddedBroker
 b = EmbeddedBroker("noida", data_dir={data_dir!r}, port={port}).start()
 print(b.process.pid, flush=True)
-time.sleep(3600)
+signal.pause()  # until the measurement kills it
 """
 
 
@@ -277,7 +277,7 @@ def measure_parent_killed(prefill: int, rate: int = 2000, seconds: float = 3.0) 
             parent.kill()  # its broker goes with it (SIGTERM, its death signal)
             parent.wait(10)
         began = time.monotonic()
-        while alive(server) and time.monotonic() - began < 60:
+        while alive(server) and time.monotonic() - began < 60:  # a bounded wait on the condition (zombies: alive)
             time.sleep(0.02)
         gone = time.monotonic() - began
         b.start()
