@@ -56,6 +56,11 @@ class Accumulator:
     # below it (a crash between the state's write and the commit) is skipped,
     # however many records came between.
     applied: int = -1
+    # Events decided but maybe not yet on the log: the state is stored with them
+    # before they are published, and a redelivery publishes them again (the
+    # transactional outbox), so a request on the log never outruns the state
+    # that asked for it.
+    outbox: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: the window's records are never mutated (asdict's deep copy
@@ -63,7 +68,8 @@ class Accumulator:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent),
                                                                          "forwarded": list(self.forwarded),
                                                                          "challenging": list(self.challenging),
-                                                                         "challenged_ids": list(self.challenged_ids)}
+                                                                         "challenged_ids": list(self.challenged_ids),
+                                                                         "outbox": list(self.outbox)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
@@ -71,13 +77,27 @@ class Accumulator:
             return cls()
         return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ())),
                       "challenging": tuple(data.get("challenging", ())),
-                      "challenged_ids": tuple(data.get("challenged_ids", ()))})
+                      "challenged_ids": tuple(data.get("challenged_ids", ())),
+                      "outbox": tuple(data.get("outbox", ()))})
 
     def applied_at(self, offset: int) -> bool:
         return offset <= self.applied
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)
+
+
+# What the gates (contradiction, staleness) write, and the sequence they share with
+# the trigger; the rest is the trigger's own.
+GATE_FIELDS = ("challenge_day", "challenged", "challenged_ids", "challenging", "stream_at", "asked", "asked_by",
+               "asked_at")
+
+
+def judged(admitted: Accumulator, gate: Accumulator) -> Accumulator:
+    """The state as of an episode the gates judged last: the trigger's state
+    when it admitted that episode, with the gates' fields as they are now
+    (the gates judge a run after the trigger admitted the whole of it)."""
+    return replace(admitted, **{name: getattr(gate, name) for name in GATE_FIELDS})
 
 
 def _remember(acc: Accumulator, record: dict[str, Any]) -> tuple[dict[str, Any], ...]:

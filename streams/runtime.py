@@ -52,11 +52,12 @@ class Tables:
                    app.Table("last-cycle", default=dict, partitions=partitions))
 
 
-def write(table, partition: int, key: str, value: Any) -> None:
+def write(table, partition: int, key: str, value: Any) -> asyncio.Future:
     """As `table[key] = value` would, but to the partition of the user's own
-    events: the agents read other topics than the one a key was last set from."""
+    events: the agents read other topics than the one a key was last set from.
+    Awaited, once the broker has the changelog record."""
     table.data[key] = value
-    table.send_changelog(partition, key, value)
+    return table.send_changelog(partition, key, value)
 
 
 class Outlets:

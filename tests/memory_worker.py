@@ -53,9 +53,12 @@ class MemoryTable:
     def get(self, key: str) -> Any:
         return self.data[key] if key in self.data else self.default()
 
-    def send_changelog(self, partition: int, key: str, value: Any) -> None:
+    def send_changelog(self, partition: int, key: str, value: Any) -> asyncio.Future:
         self.changelog.append((partition, key, copy.deepcopy(value)))
         self.app.on_write(self.name, key, value)
+        sent = asyncio.get_running_loop().create_future()  # the broker's acknowledgement, at once
+        sent.set_result(None)
+        return sent
 
 
 class MemoryTopic:

@@ -29,7 +29,9 @@ from memory_worker import MemoryWorker, memory_runtime
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
 from processors.view import POSITION, EdgeView
-from schemas import EpisodeRecorded, ReflectionCycleCompleted
+from schemas import (ChallengeRequested, EpisodeRecorded, InvalidationRequested, ReflectionCycleCompleted,
+                     ReflectionRequested)
+from streams.pipeline.runner import HandedOver
 from streams.settings import Settings
 from test_determinism import MIN_EPISODES, THRESHOLD, as_set, differences, history
 from test_faults_crash import beliefs_of, episode_stream, points_of, users_by_partition
@@ -72,13 +74,13 @@ class BehindReasoner(MemoryWorker):
         await super().consume(topic, runner)
 
 
-def settings_for(tmp, batch: int) -> Settings:
+def settings_for(tmp, batch: int, **overrides) -> Settings:
     return Settings.load(env={}, data_dir=str(tmp), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                         projector_batch=batch, cycle_wait=WAIT)
+                         projector_batch=batch, cycle_wait=WAIT, **overrides)
 
 
-def run(tmp, events, batch: int, worker_class=MemoryWorker):
-    settings = settings_for(tmp, batch)
+def run(tmp, events, batch: int, worker_class=MemoryWorker, **overrides):
+    settings = settings_for(tmp, batch, **overrides)
     embedder = HashingEmbedder()
     view = EdgeView(settings.view_dir, settings.view, embedder.dim)
     worker = worker_class(memory_runtime(settings, view, embedder, OfflineReasoner(embedder)))
@@ -123,3 +125,50 @@ def test_an_episode_logged_again_keeps_its_first_offset_and_is_counted_once(tmp_
     positions = {p["episode_id"]: p[POSITION] for p in points[USERS[0]].values() if p["kind"] == "episode"}
     assert positions == {e.episode_id: i for i, e in enumerate(events)}
     assert worker.runtime.tables.accumulators.get(USERS[0])["episodes"] == len(events)
+
+
+class HandsOver(MemoryWorker):
+    """The episodes pipeline stops right after each request it publishes
+    reaches the log, the first time (as a worker killed or handing its
+    partitions over there would), and reads its batch again only once every
+    cycle asked so far is done: the view as far ahead of the state the
+    replay starts from as it can be."""
+
+    def __init__(self, runtime) -> None:
+        super().__init__(runtime)
+        publish, self.stops = runtime.outlets.publish, set()
+
+        async def publish_then_stop(events) -> None:
+            await publish(events)
+            requests = {e.event_id for e in events if isinstance(e, (ReflectionRequested, ChallengeRequested,
+                                                                     InvalidationRequested))}
+            if requests - self.stops:
+                self.stops |= requests
+                raise HandedOver("stopped after a request reached the log")
+        runtime.outlets.publish = publish_then_stop
+
+    async def consume(self, topic, runner) -> None:
+        while True:
+            try:
+                return await super().consume(topic, runner)
+            except HandedOver:  # the batch is read again, as from the last commit
+                async with self.turns:
+                    await self.turns.wait_for(lambda: not self.unread(self.runtime.outlets.requests)
+                                              and self.busy == 0)
+
+
+def test_a_stop_after_a_request_reached_the_log_replays_to_the_same_beliefs(tmp_path):
+    """With the contradiction gate on, which judges episodes against the
+    beliefs in the view: each request the episodes pipeline asks is stored
+    with the state that asked it before it is published, so a replay goes on
+    from there and never judges an episode again against beliefs of a cycle
+    asked after it."""
+    events = history(USERS, settings_for(tmp_path, 256))
+    _, _, once = run(tmp_path / "once", events, batch=256, challenge="on")
+    stopped, _, again = run(tmp_path / "stopped", events, batch=5, challenge="on", worker_class=HandsOver)
+    asked = [e for e in stopped.runtime.outlets.requests.events()]
+    assert len(stopped.stops) >= len(USERS) * 8 and any(isinstance(e, ChallengeRequested) for e in asked)
+    for user, held in beliefs_of(once).items():
+        diff = differences({rid: as_set(p) for rid, p in held.items()},
+                           {rid: as_set(p) for rid, p in beliefs_of(again)[user].items()})
+        assert not diff, "\n".join([user, *(f"{rid}: {d}" for rid, d in diff.items())])

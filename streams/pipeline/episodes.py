@@ -17,10 +17,14 @@ waits for a cycle — but the contradiction and staleness gates, off by
 default, which judge new episodes against the beliefs of the cycles asked
 before them (`cycles_settled`, bounded by `cycle_wait`).
 
-The accumulators are written only once the effects they describe are in the
-view and the log; each carries the offset of the last record it folded in,
-so a crash or a transient fault in between replays the batch from the state
-before it, and a redelivery after the write changes nothing.
+Each accumulator carries the offset of the last record it folded in, so a
+redelivery at or below it changes nothing. A request (or any event this
+pipeline decides) is published only once the state that decided it is
+stored with it, in an outbox that a redelivery publishes again (`emit`): a
+crash or a handover never replays a record against a view that the cycles
+of its own requests have already moved on (the gates read the view as it
+is). The rest of a segment's state is stored once the segment is done, and
+before its batch is acknowledged.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from processors.accumulator import Accumulator, Trigger, admit, number, unnumbered
+from processors.accumulator import Accumulator, Trigger, admit, judged, number, unnumbered
 from processors.challenge import GATE_SCORE, gather
 from processors.gate import asked, bearing_of
 from processors.staleness import first_stale, went_stale
@@ -38,7 +42,7 @@ from processors.embedders import Precomputed
 from processors.invalidator import forwarded, placed
 from processors.projector import (EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector,
                                   first_logged, latest)
-from schemas import ChallengeRequested, EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested
+from schemas import ChallengeRequested, EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, from_dict
 from streams import metrics
 from streams.pipeline.runner import HandedOver, Runner
 from streams.runtime import Runtime, write
@@ -110,15 +114,15 @@ class EpisodesPipeline(Runner):
         (`first`: a retried write, however far back). Each user's new
         episodes since its last request form a run, which passes the
         contradiction gate where a request fires or the segment ends (see
-        `gated`)."""
+        `gated`). Whatever is published is stored first (`emit`); the rest of
+        the state once the segment is done."""
         table = self.runtime.tables.accumulators
         partitions = {r.user_id: m.partition for r, m in applied}
-        changed: dict[str, Accumulator] = {}
-        runs: dict[str, list[EpisodeRecorded]] = {}
+        changed = {user: await self.resent(user, partition) for user, partition in partitions.items()}
+        runs: dict[str, list[tuple[EpisodeRecorded, Accumulator]]] = {}  # with the state as each was admitted
         positions = {r.episode_id: m.offset for r, m in applied if isinstance(r, EpisodeRecorded)}
         for record, message in applied:
-            user = record.user_id
-            acc = changed[user] if user in changed else Accumulator.from_dict(table.get(user))
+            user, acc = record.user_id, changed[record.user_id]
             if acc.applied_at(message.offset):
                 continue
             acc = replace(acc, applied=message.offset)
@@ -126,71 +130,99 @@ class EpisodesPipeline(Runner):
                     message.offset:
                 changed[user] = acc  # logged before: counted then
                 continue
-            if isinstance(record, EpisodeRecorded) and not acc.holds(record.episode_id):
-                runs.setdefault(user, []).append(record)
+            new = isinstance(record, EpisodeRecorded) and not acc.holds(record.episode_id)
             changed[user], request = admit(acc, record, self.trigger)
+            if new:
+                runs.setdefault(user, []).append((record, changed[user]))
             if isinstance(record, EpisodeRetracted):  # its walk runs in the user's request order
                 changed[user], request = number(changed[user], forwarded(record, message.offset))
-                await self.publish([request])
+                await self.emit(user, message.partition, changed[user], [request])
             elif request is not None:
                 request = replace(request, position=message.offset)
-                await self.gated(user, runs.pop(user, []), changed, [request], embedder, positions)
+                await self.gated(user, message.partition, runs.pop(user, []), changed, [request], embedder, positions)
         for user, run in runs.items():
-            await self.gated(user, run, changed, [], embedder, positions)
-        for user, acc in changed.items():
-            write(table, partitions[user], user, acc.to_dict())
+            await self.gated(user, partitions[user], run, changed, [], embedder, positions)
+        await asyncio.gather(*(write(table, partitions[user], user, acc.to_dict()) for user, acc in changed.items()))
 
-    async def gated(self, user: str, run: list[EpisodeRecorded], changed: dict[str, Accumulator],
-                    fired: list[Event], embedder, positions: dict[str, int]) -> None:
+    async def resent(self, user: str, partition: int) -> Accumulator:
+        """The user's state, once what it was stored with but may not have
+        reached the log (a crash or a handover after `emit` stored it) is
+        published again: the same events, so a second copy changes nothing."""
+        acc = Accumulator.from_dict(self.runtime.tables.accumulators.get(user))
+        if acc.outbox:
+            await self.publish([from_dict(e) for e in acc.outbox])
+        return replace(acc, outbox=())
+
+    async def emit(self, user: str, partition: int, state: Accumulator, events: list[Event]) -> None:
+        """`events` on the log, once the state that decided them is stored
+        with them (the broker has acknowledged its changelog record): the log
+        never holds a request that a replay would decide again from an older
+        state, against a view the request's cycle has moved on since."""
+        if not events:
+            return
+        table = self.runtime.tables.accumulators
+        await write(table, partition, user, replace(state, outbox=tuple(e.to_dict() for e in events)).to_dict())
+        await self.publish(events)
+
+    async def gated(self, user: str, partition: int, run: list[tuple[EpisodeRecorded, Accumulator]],
+                    changed: dict[str, Accumulator], fired: list[Event], embedder,
+                    positions: dict[str, int]) -> None:
         """The run through the contradiction gate, then `fired` (the request the
         run's last episode fired, if any), all in the user's sequence.
 
         Each episode is judged against the beliefs of every request before it
         in the log, waited for: so what the gate sees, and the challenges it
         asks (at a quorum: processors/challenge.py), are a function of the
-        log, not of batch sizes or timing."""
+        log, not of batch sizes or timing. What it asks before the run's end
+        is stored with the state as of the episode that asked it
+        (`judged`), so a replay goes on from there."""
         acc = changed[user]
         acc = unnumbered(acc, fired)  # numbered again below, after the gate's own
         settings = self.runtime.settings
-        while (self.gate or self.horizon) and run:
+        episodes, start, last = [e for e, _ in run], 0, []
+        while (self.gate or self.horizon) and start < len(episodes):
             await self.cycles_settled(user, acc.asked)
-            vectors = (embedder or self.runtime.embedder).embed([e.text for e in run]) if self.gate else None
+            todo = episodes[start:]
+            vectors = (embedder or self.runtime.embedder).embed([e.text for e in todo]) if self.gate else None
             try:  # a view that does not answer is waited for, as by every stage
                 scores, quorums, live = await self.runtime.policy.until_done(
-                    "challenge-gate", lambda: asyncio.to_thread(bearing_of, self.runtime.view, user, run, vectors,
+                    "challenge-gate", lambda: asyncio.to_thread(bearing_of, self.runtime.view, user, todo, vectors,
                                                                 settings.challenge_quorum, self.gate, self.vectors))
             except Exception:  # a bug of the gate's: the episodes are in the view already, nothing to dead-letter
-                log.exception("the contradiction gate failed for %d episode(s) of user %s: not judged", len(run), user)
+                log.exception("the contradiction gate failed for %d episode(s) of user %s: not judged", len(todo), user)
                 break
             # An open challenge of a belief no longer live (superseded, invalid, stale) has nothing left to ask.
             acc = replace(acc, challenging=tuple(p for p in acc.challenging if p["id"] in quorums))
-            judged = [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in run]
+            judged_ = [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in todo]
             done, asked_now = 0, []
-            while done < len(run) and not asked_now:  # the same beliefs until something is asked
-                upto, stale, _ = first_stale(live, judged[done:], acc.stream_at, self.horizon)
-                upto = upto or len(run) - done
+            while done < len(todo) and not asked_now:  # the same beliefs until something is asked
+                upto, stale, _ = first_stale(live, judged_[done:], acc.stream_at, self.horizon)
+                upto = upto or len(todo) - done
                 used = upto
                 if self.gate:
-                    pending, used = gather(acc.challenging, judged[done:done + upto], scores[done:done + upto],
+                    pending, used = gather(acc.challenging, judged_[done:done + upto], scores[done:done + upto],
                                            self.gate_score, quorums)
                     acc, asked_now = asked(replace(acc, challenging=pending), user, settings.challenge_daily)
-                seen = (e["occurred_at"] for e in judged[done:done + used])
+                seen = (e["occurred_at"] for e in judged_[done:done + used])
                 acc = replace(acc, stream_at=latest(acc.stream_at, *seen))
                 done += used
                 if stale and used == upto:  # the stream passed their horizon at this episode
-                    went = went_stale(user, [b for b in live if b["reflection_id"] in stale], judged[done - 1],
+                    went = went_stale(user, [b for b in live if b["reflection_id"] in stale], judged_[done - 1],
                                       self.horizon, acc.recent)
                     await asyncio.to_thread(self.project_beliefs, [e for e in went if isinstance(e, REFLECTION_TYPES)])
                     went, acc = numbered(went, acc)
                     asked_now = [*asked_now, *went]
-            await self.publish(placed(asked_now, positions.get(judged[done - 1]["id"])))
-            run = run[done:]
-        out = []
+            start += done
+            asked_now = placed(asked_now, positions.get(judged_[done - 1]["id"]))
+            if start < len(episodes) or not fired:
+                await self.emit(user, partition, judged(run[start - 1][1], acc), asked_now)
+            else:  # asked by the episode that fired: stored with what it fired
+                last = asked_now
         for request in fired:
             acc, request = number(acc, request)
-            out.append(request)
+            last.append(request)
         changed[user] = acc
-        await self.publish(out)
+        await self.emit(user, partition, acc, last)
 
     def due(self, user: str) -> bool:
         tables = self.runtime.tables
