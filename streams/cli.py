@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
-    bench.add_argument("--only", default=None, help="comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval")
+    bench.add_argument("--only", default=None, help=(
+        "comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval,public; opt-in, run only when named: "
+        "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference)"))
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
     settings = commands.add_parser("settings", parents=[_settings_flags(listed=True)], help=(
         "print the resolved settings, and what reflect up and reflect demo use where they differ"))

@@ -11,7 +11,10 @@ and public (the same on REALTALK's real conversations; it needs the data, see
 tests/benchmarks/realtalk.py). Opt-in, run only when `--only` names it:
 import (REALTALK POSTed to the API with cycles off, on a 5 s stand-in model
 and offline, and a fresh worker on the same log; tests/benchmarks/realtalk_import.py;
-minutes; quick: 2 conversations, full: all 10). `--quick` runs smaller sizes
+minutes; quick: 2 conversations, full: all 10) and chaos (seeded kill -9,
+SIGTERM, joins and leaves among 2–3 workers under load, each run checked
+against an uninterrupted reference; tests/benchmarks/chaos.py; quick: 10 runs,
+full: 100, ~20 s a run). `--quick` runs smaller sizes
 (under 5 minutes on 2 cores); the full run is what tests/benchmarks/README.md shows.
 """
 
@@ -47,8 +50,10 @@ SIZES = {
     "public": ({"embedder": "minilm", "conversations": [1, 2, 3, 4]}, {"embedder": "minilm", "conversations": None}),
     # opt-in (--only import): REALTALK imported over HTTP, cycles off / on the 5 s stand-in / offline (minutes)
     "import": ({"conversations": 2}, {"conversations": 10}),
+    # opt-in (--only chaos): runs of the chaos suite against one reference (~20 s a run)
+    "chaos": ({"runs": 10}, {"runs": 100}),
 }
-OPT_IN = {"import"}  # scenarios run only when --only names them
+OPT_IN = {"import", "chaos"}  # scenarios run only when --only names them
 
 
 def scenario(name: str, size: dict) -> dict:
@@ -84,6 +89,9 @@ def scenario(name: str, size: dict) -> dict:
             return realtalk_import.measure(size["conversations"])
         except realtalk.DataMissing as exc:
             return {"skipped": str(exc), "figures": []}
+    if name == "chaos":
+        import chaos
+        return chaos.measure(size["runs"])
     raise ValueError(f"no scenario {name!r} (known: {', '.join(SIZES)})")
 
 

@@ -1,0 +1,824 @@
+"""The chaos suite (issue 30, item 9): one fixed history, published under load
+to 2–3 `reflect worker`s of one consumer group, while a seeded random
+schedule SIGKILLs, SIGTERMs, adds and removes workers (each restarted on its
+own data dir); every run checked against one uninterrupted reference run of
+the same history.
+
+    python -m pytest -m chaos -s                     # REFLECT_CHAOS_RUNS runs (10)
+    REFLECT_CHAOS_SEED=4711 REFLECT_CHAOS_RUNS=1 python -m pytest -m chaos -s   # one run again
+    python tests/benchmarks/chaos.py --runs 100      # the benchmark: violations by kind, time per run
+
+Real parts only: the session's broker (Tansu; noida-db cannot rejoin a group
+after a SIGKILL, see tests/test_faults_crash.py), a Qdrant Edge view per
+worker, Faust workers as child processes. The one stand-in is the model's
+HTTP endpoint (tests/test_faults_crash.py's Model, the offline model behind
+the Messages API, driven by the real `anthropic` SDK), which records every
+call so calls can be counted per cycle.
+
+What a run must end with, as the reference did (`check`):
+
+(a) every episode the broker acknowledged in the view exactly once: in the
+    view of the worker that owns its user at the end, with the reference's
+    status and text, and the user's counts (episodes, retracted, salience,
+    pending importance, cycles and requests by kind) the reference's — an
+    episode counted twice shows there;
+(b) every request on the requests topic completed exactly once: one audit
+    event (`ReflectionCycleCompleted`, or `ReflectionChallenged` for a
+    challenge) per cycle id, no belief event published twice under its
+    cycle id, and the same cycle ids asked as in the reference;
+(c) at most one model call per cycle whose outcome was published: a call is
+    named by what it asks (tool, user, statements and questions as sets), and
+    the reference, where each user's cycles run one after another, says which
+    cycle asked it (`attribute`). A call again after the cycle's outcome was
+    on the log (record time) pays twice for an answer the log holds: a
+    violation. A call again before the outcome reached the log (a worker
+    killed between the model's answer and the broker's acknowledgement) is
+    counted (`repaid_before_log`) but is not one: no protocol can keep an
+    answer it never wrote. A call the reference never made is a cycle that
+    read something else: a violation;
+(d) identical beliefs: ids, text, evidence and lost evidence as sets,
+    status, depth, confidence, support, importance, question, cycle and
+    valid time, in the owner's view (as tests/test_determinism.py compares).
+
+A report names the run's seed, the schedule as it ran, and what differs.
+The seed gives the same schedule again; the interleaving with the workers'
+own timing does not repeat exactly, so a violation may need a few runs of
+its seed to show again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import TEST_BROKER, Worker, answered, read_topic, wait_for
+from messages_api import _numbered
+from processors.accumulator import Accumulator, Trigger, admit
+from processors.anthropic_reasoner import found_of
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
+from streams.broker import free_port
+from streams.ownership import partition_of
+from streams.settings import Settings
+from streams.topics import ensure_topics
+from test_determinism import cited_by_then
+from test_faults_crash import (SHORT_GROUP_TIMEOUTS, Feed, Model, episode_stream, kill, read_events,
+                               users_by_partition, view_snapshot, worker_env)
+
+RUNS = int(os.environ.get("REFLECT_CHAOS_RUNS", "10"))
+SEED = os.environ.get("REFLECT_CHAOS_SEED")  # the first run's seed; run i has seed + i
+
+# noida-db 0.2.3 names a SIGKILLed member the group's leader and never
+# completes a rebalance after it (tests/test_faults_crash.py,
+# after_a_dead_member): a schedule with kill -9 cannot run there.
+needs_rejoin = pytest.mark.skipif(TEST_BROKER == "noida", reason="noida-db 0.2.3 never completes a rebalance "
+                                  "after a member is SIGKILLed; the chaos schedule kills members")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How big a chaos run is."""
+    users_per_partition: int  # users on each of the 4 partitions
+    per_user: int  # episodes of each user
+    threshold: float  # the trigger: importance 3.5 per five episodes
+    min_episodes: int
+    rate: float  # events/s the feed publishes: faults land while it flows
+    workers: int  # started before the feed
+    most: int  # workers there can be (a join starts one more, on its own data dir)
+    faults: tuple[int, int]  # faults a run, at least and at most (each kill and SIGTERM restarts)
+    challenge: str = "off"  # the contradiction gate
+    settle: float = 60.0  # seconds a run may take to settle after the feed (a correct one: ~10)
+
+
+# The smallest shape that still makes each user's cycles cite beliefs (depth
+# 2), retract cited episodes, and hand partitions over: 4 users × 32 episodes
+# in ~2.3 s, a cycle every ~10 episodes (3 a user, a manual one and the
+# revalidations of two retractions), 2 workers and room for a third, 2–3
+# faults each, one kill -9 always.
+SHORT = Shape(users_per_partition=1, per_user=32, threshold=7.0, min_episodes=6, rate=60.0, workers=2, most=3,
+              faults=(2, 3))
+# The benchmark's: twice the users, more episodes and faults, the gate on.
+FULL = Shape(users_per_partition=2, per_user=60, threshold=7.0, min_episodes=6, rate=60.0, workers=2, most=3,
+             faults=(3, 5), challenge="on", settle=120.0)
+SHAPES = {"short": SHORT, "full": FULL}
+
+
+# ---------------------------------------------------------------- the history
+
+def at(i: int, second: int) -> str:
+    """A valid time `second` seconds into the minute of a user's episode `i` (episode_stream's clock)."""
+    return f"2026-06-01T{9 + i // 60:02d}:{i % 60:02d}:{second:02d}Z"
+
+
+def chaos_history(users, per_user: int, settings: Settings) -> list:
+    """Each user's episodes; at half of them a retraction of an episode a
+    belief cites, at three quarters a manual cycle and then a retraction of
+    an episode a belief cites once the first is gone (test_determinism's
+    history and its `cited_by_then`, at any size; the offline reasoner
+    there, which the stand-in answers as)."""
+    stream, n = episode_stream(users, per_user), len(users)
+    half, late = per_user // 2, per_user * 3 // 4
+    settings = replace(settings, reasoner="offline")
+    cited = cited_by_then(stream[:half * n], settings, users)
+    gone = set(cited.values())
+    again = cited_by_then([e for e in stream[:late * n] if e.episode_id not in gone], settings, users)
+    first = [EpisodeRetracted(user_id=u, episode_id=cited[u], occurred_at=at(half - 1, 30)) for u in users]
+    asked = [ReflectionRequested(event_id=f"request:{u}:manual:m1", user_id=u, why="manual",
+                                 cycle_id=f"{u}:manual:m1", occurred_at=at(late - 1, 30)) for u in users]
+    second = [EpisodeRetracted(user_id=u, episode_id=again[u], occurred_at=at(late - 1, 40)) for u in users]
+    return stream[:half * n] + first + stream[half * n:late * n] + asked + second + stream[late * n:]
+
+
+def expected_counts(events, settings: Settings, users) -> dict[str, dict]:
+    """What a settled view and accumulator say of each user: episodes
+    recorded and retracted, threshold cycles."""
+    trigger, accs = Trigger(settings.threshold, settings.min_episodes), {u: Accumulator() for u in users}
+    for e in events:
+        accs[e.user_id], _ = admit(accs[e.user_id], e, trigger)
+    retracted = {u: {e.episode_id for e in events if isinstance(e, EpisodeRetracted) and e.user_id == u}
+                 for u in users}
+    recorded = collections.Counter(e.user_id for e in events if isinstance(e, EpisodeRecorded))
+    return {u: {"episodes": recorded[u] - len(retracted[u]), "retracted": len(retracted[u]),
+                "cycles": accs[u].cycles} for u in users}
+
+
+# ---------------------------------------------------------------- the model's calls
+
+@dataclass(frozen=True)
+class Call:
+    at: float  # wall clock (s) when the stand-in received it
+    tool: str
+    user: str
+    key: str  # what it asks, whatever the order of its statements
+
+
+NUMBERED = re.compile(r"^\d+\. ")
+
+
+def call_key(body: dict) -> str:
+    """A call named by what it asks: the tool, and the prompt's lines as a
+    set, with each question's found statements as texts rather than numbers
+    (statements of equal rerank score may come in another order)."""
+    data = body["messages"][0]["content"]
+    statements = _numbered("statements", data)
+    lines = []
+    for line in data.split("\n"):
+        line = NUMBERED.sub("", line)
+        question, found = found_of(line)
+        if found is not None:
+            line = question + " ⟨" + " | ".join(sorted(statements[k - 1] for k in found
+                                                          if 0 < k <= len(statements))) + "⟩"
+        lines.append(line)
+    raw = orjson.dumps([body["tool_choice"]["name"], sorted(lines)])
+    return hashlib.sha256(raw).hexdigest()[:20]
+
+
+class CountingModel(Model):
+    """The stand-in model, recording each call's time and key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Call] = []
+
+    def __call__(self, body: dict):
+        found = re.search(r"\[(u\d+)\]", body["messages"][0]["content"])
+        call = Call(time.time(), body["tool_choice"]["name"], found.group(1) if found else "?", call_key(body))
+        with self.lock:
+            self.calls.append(call)
+        return super().__call__(body)
+
+
+# ---------------------------------------------------------------- what a run left, and the check
+
+AUDITS = ("ReflectionCycleCompleted", "ReflectionChallenged")  # a cycle's completion, by kind
+REQUESTS = ("ReflectionRequested", "ChallengeRequested")  # requests that name a cycle
+BELIEF_EVENTS = ("ReflectionCreated", "ReflectionReinforced")  # a cycle's published outcome, besides its audit
+BELIEF_FIELDS = ("text", "evidence_ids", "lost_evidence_ids", "status", "depth", "confidence", "support",
+                 "importance", "question", "cycle_id", "occurred_at")
+EPISODE_FIELDS = ("text", "status", "importance", "occurred_at")
+STAT_FIELDS = ("episodes", "retracted", "reflections", "pending_importance", "high_salience", "cycles",
+               "cycles_by_kind", "requests", "requests_done")
+
+
+@dataclass
+class Outcome:
+    """What a run left: read from the owners' views, the topics and the stand-in."""
+    users: list[str]
+    acked: dict[str, list[str]]  # user → episode ids the broker acknowledged to the feed
+    episodes: dict[str, dict[str, dict]]  # user → episode id → its point's payload
+    beliefs: dict[str, dict[str, dict]]  # user → reflection id → its point's payload
+    stats: dict[str, dict]  # user → GET …/stats
+    requests: list[dict]  # the requests topic
+    reflections: list[dict]  # the reflections topic, each record with its timestamp (ms) as "_ts"
+    calls: list[Call]
+    notes: list[str] = field(default_factory=list)  # what went wrong in the run itself (did not settle, …)
+    seconds: float = 0.0
+    phases: dict = field(default_factory=dict)  # seconds of each part: workers ready, fed, settled, stopped
+
+
+@dataclass
+class Reference:
+    """The uninterrupted run, and which cycle asked each call it made."""
+    outcome: Outcome
+    cycle_of: dict[str, str]  # call key → cycle id
+    calls: collections.Counter  # call key → times asked
+
+    @classmethod
+    def of(cls, outcome: Outcome) -> "Reference":
+        return cls(outcome, attribute(outcome), collections.Counter(c.key for c in outcome.calls))
+
+
+def attribute(outcome: Outcome) -> dict[str, str]:
+    """Call key → cycle id, in a run where each user's cycles ran one after
+    another: the user's calls in time order, taken by the user's audit events
+    in log order, each as many as its `usage.calls`."""
+    out = {}
+    for u in outcome.users:
+        calls = iter(sorted((c for c in outcome.calls if c.user == u), key=lambda c: c.at))
+        for audit in (e for e in outcome.reflections if e["type"] in AUDITS and e["user_id"] == u):
+            for _ in range(audit.get("usage", {}).get("calls", 0)):
+                call = next(calls, None)
+                assert call is not None, f"{u}: fewer model calls than its audit events count"
+                assert out.get(call.key, audit["cycle_id"]) == audit["cycle_id"], \
+                    f"{u}: one call asked by two cycles ({out[call.key]}, {audit['cycle_id']})"
+                out[call.key] = audit["cycle_id"]
+        left = list(calls)
+        assert not left, f"{u}: {len(left)} model calls no audit event counts"
+    unknown = [c for c in outcome.calls if c.user not in outcome.users]
+    assert not unknown, f"model calls that name no user: {unknown[:3]}"
+    return out
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    detail: str
+
+
+KINDS = ("episode_missing", "episode_extra", "episode_differs", "count_differs",  # (a)
+         "completion_missing", "completion_duplicated", "outcome_duplicated", "requests_differ",  # (b)
+         "model_call_repeated", "model_call_unmatched",  # (c)
+         "belief_differs",  # (d)
+         "run")  # the run itself: did not settle, a worker died
+
+
+def as_set(payload: dict, names) -> dict:
+    return {k: sorted(payload.get(k) or ()) if k.endswith("evidence_ids") else payload.get(k) for k in names}
+
+
+def check(run: Outcome, reference: Reference) -> tuple[list[Violation], dict]:
+    """The violations of `run` against the reference, and figures (counted, not violations)."""
+    ref = reference.outcome
+    found = [Violation("run", note) for note in run.notes]
+    found += check_episodes(run, ref) + check_completions(run, ref) + check_beliefs(run, ref)
+    calls, figures = check_calls(run, reference)
+    return found + calls, figures
+
+
+def check_episodes(run: Outcome, ref: Outcome) -> list[Violation]:
+    out = []
+    for u in ref.users:
+        acked, held = set(run.acked.get(u, ())), run.episodes.get(u, {})
+        if missing := acked - held.keys():
+            out.append(Violation("episode_missing", f"{u}: {len(missing)} acknowledged, not in the view: "
+                                                    f"{sorted(missing)[:10]}"))
+        if extra := held.keys() - acked:
+            out.append(Violation("episode_extra", f"{u}: in the view, never acknowledged: {sorted(extra)[:10]}"))
+        differ = {e: (as_set(held[e], EPISODE_FIELDS), as_set(ref.episodes[u].get(e, {}), EPISODE_FIELDS))
+                  for e in sorted(acked & held.keys())
+                  if as_set(held[e], EPISODE_FIELDS) != as_set(ref.episodes[u].get(e, {}), EPISODE_FIELDS)}
+        if differ:
+            out.append(Violation("episode_differs", f"{u}: {len(differ)} episodes, e.g. {next(iter(differ.items()))}"))
+        mine, theirs = run.stats.get(u, {}), ref.stats.get(u, {})
+        if counts := {k: (mine.get(k), theirs.get(k)) for k in STAT_FIELDS if mine.get(k) != theirs.get(k)}:
+            out.append(Violation("count_differs", f"{u}: (here, reference) {counts}"))
+    return out
+
+
+def cycle_ids(events, types) -> collections.Counter:
+    return collections.Counter(e["cycle_id"] for e in events if e["type"] in types and e.get("cycle_id"))
+
+
+def check_completions(run: Outcome, ref: Outcome) -> list[Violation]:
+    out = []
+    asked, completed = set(cycle_ids(run.requests, REQUESTS)), cycle_ids(run.reflections, AUDITS)
+    if asked != set(cycle_ids(ref.requests, REQUESTS)):
+        theirs = set(cycle_ids(ref.requests, REQUESTS))
+        out.append(Violation("requests_differ", f"asked here only {sorted(asked - theirs)}, "
+                                                f"in the reference only {sorted(theirs - asked)}"))
+    if missing := sorted(asked - completed.keys()):
+        out.append(Violation("completion_missing", f"{len(missing)} requests never completed: {missing[:10]}"))
+    for cycle, n in sorted(completed.items()):
+        if n > 1:
+            ids = {e["event_id"] for e in run.reflections if e["type"] in AUDITS and e.get("cycle_id") == cycle}
+            out.append(Violation("completion_duplicated", f"{cycle} completed {n} times under {len(ids)} event "
+                                 f"id(s){' (the same record again)' if len(ids) == 1 else ''}"))
+    published = collections.Counter((e["cycle_id"], e["type"], e.get("reflection_id")) for e in run.reflections
+                                    if e["type"] in BELIEF_EVENTS)
+    for (cycle, kind, rid), n in sorted(published.items()):
+        if n > 1:
+            out.append(Violation("outcome_duplicated", f"{cycle}: {kind} of {rid} published {n} times"))
+    return out
+
+
+def check_calls(run: Outcome, reference: Reference) -> tuple[list[Violation], dict]:
+    out, repaid = [], 0
+    outcome_at = {}  # cycle id → when its first outcome record reached the log (s)
+    for e in run.reflections:
+        if e.get("cycle_id") and (e["type"] in AUDITS or e["type"] in BELIEF_EVENTS):
+            outcome_at[e["cycle_id"]] = min(outcome_at.get(e["cycle_id"], float("inf")), e["_ts"] / 1000)
+    by_key = collections.defaultdict(list)
+    for c in run.calls:
+        by_key[c.key].append(c)
+    unmatched = [c for c in run.calls if c.key not in reference.cycle_of]
+    if unmatched:
+        out.append(Violation("model_call_unmatched", f"{len(unmatched)} calls the reference never made, e.g. "
+                                                     f"{[(c.tool, c.user) for c in unmatched[:5]]}"))
+    for key, calls in sorted(by_key.items()):
+        cycle = reference.cycle_of.get(key)
+        if cycle is None or cycle not in outcome_at:
+            continue
+        for c in sorted(calls, key=lambda c: c.at)[reference.calls[key]:]:  # beyond what the reference asked
+            if c.at > outcome_at[cycle]:
+                out.append(Violation("model_call_repeated", f"{cycle}: {c.tool} asked again "
+                                     f"{c.at - outcome_at[cycle]:.2f} s after its outcome was on the log"))
+            else:
+                repaid += 1
+    return out, {"model_calls": len(run.calls), "repaid_before_log": repaid}
+
+
+def check_beliefs(run: Outcome, ref: Outcome) -> list[Violation]:
+    out = []
+    for u in ref.users:
+        mine = {rid: as_set(p, BELIEF_FIELDS) for rid, p in run.beliefs.get(u, {}).items()}
+        theirs = {rid: as_set(p, BELIEF_FIELDS) for rid, p in ref.beliefs.get(u, {}).items()}
+        fields_ = {rid: {k: (mine[rid][k], theirs[rid][k]) for k in BELIEF_FIELDS if mine[rid][k] != theirs[rid][k]}
+                   for rid in mine.keys() & theirs.keys() if mine[rid] != theirs[rid]}
+        if mine.keys() ^ theirs.keys() or fields_:
+            cycles = {b["cycle_id"] for rid in mine.keys() ^ theirs.keys() for b in [mine.get(rid) or theirs[rid]]}
+            cycles |= {mine[rid]["cycle_id"] for rid in fields_}
+            out.append(Violation("belief_differs", f"{u}: only here {said_beliefs(mine, mine.keys() - theirs.keys())}"
+                                 f"; only in the reference {said_beliefs(theirs, theirs.keys() - mine.keys())}"
+                                 f"; fields (here, reference) {fields_}; their cycles (here | reference): "
+                                 + "; ".join(f"{c}: {said_audit(run, c)} | {said_audit(ref, c)}"
+                                             for c in sorted(cycles))))
+    return out
+
+
+def said_audit(outcome: Outcome, cycle: str) -> str:
+    """A cycle's audit events, short: outcome, insights kept/reinforced/dropped, model calls."""
+    return ", ".join(f"{e['outcome']} {e.get('kept')}/{e.get('reinforced')}/{e.get('dropped')} "
+                     f"calls {e.get('usage', {}).get('calls')}" for e in outcome.reflections
+                     if e["type"] in AUDITS and e.get("cycle_id") == cycle) or "no audit"
+
+
+def said_beliefs(beliefs: dict, ids) -> list[str]:
+    return [f"{rid[:8]} ({b['cycle_id']}, depth {b['depth']}, {b['status']}, cites {len(b['evidence_ids'])}: "
+            f"{str(b['text'])[:50]!r})" for rid in sorted(ids) for b in [beliefs[rid]]]
+
+
+# ---------------------------------------------------------------- the schedule
+
+@dataclass(frozen=True)
+class Action:
+    at: float  # seconds after the feed started
+    what: str  # kill9 | sigterm | leave | join | restart
+    worker: str
+
+
+def make_schedule(seed: int, shape: Shape, span: float) -> list[Action]:
+    """2–3 (or the shape's) faults at random times while the feed runs: a
+    SIGKILL or a SIGTERM of a running worker, restarted on its data dir
+    after 0–2 s; a worker leaving (SIGTERM, not back); a worker joining (one
+    never started, or one that left, on its data dir). One fault is always a
+    SIGKILL. Workers are w0, w1, … (w0 and w1 start before the feed)."""
+    rng = random.Random(seed)
+    names = [f"w{i}" for i in range(shape.most)]
+    up, out, back = set(names[:shape.workers]), set(names[shape.workers:]), {}
+    n = rng.randint(*shape.faults)
+    forced = rng.randrange(n)
+    plan = []
+    for i, t in enumerate(sorted(round(rng.uniform(0.2, span), 2) for _ in range(n))):
+        up |= {w for w, when in back.items() if when <= t}
+        back = {w: when for w, when in back.items() if when > t}
+        if not up:  # every worker is down until a restart: this fault waits for the first one back
+            w, t = min(back.items(), key=lambda kv: kv[1])
+            up.add(w)
+            del back[w]
+        kinds = ["kill9", "sigterm"] + (["leave"] if len(up) > 1 else []) + (["join"] if out else [])
+        what = "kill9" if i == forced else rng.choice(kinds)
+        if what == "join":
+            w = rng.choice(sorted(out))
+            out.discard(w)
+            up.add(w)
+            plan.append(Action(t, "join", w))
+            continue
+        w = rng.choice(sorted(up))
+        up.discard(w)
+        plan.append(Action(t, what, w))
+        if what == "leave":
+            out.add(w)
+        else:
+            back[w] = round(t + rng.uniform(0.0, 2.0), 2)
+            plan.append(Action(back[w], "restart", w))
+    return sorted(plan, key=lambda a: a.at)
+
+
+def said(schedule) -> str:
+    return "; ".join(f"+{a.at:.2f}s {a.what} {a.worker}" for a in schedule) or "(none)"
+
+
+# ---------------------------------------------------------------- running it
+
+@dataclass
+class Result:
+    seed: int
+    schedule: list[Action]  # as planned
+    ran: list[str]  # as it ran: each action with the time it was done
+    violations: list[Violation]
+    figures: dict
+    seconds: float
+
+    def report(self) -> str:
+        lines = [f"chaos run seed={self.seed} ({self.seconds:.1f} s): "
+                 f"{len(self.violations)} violation(s)  [again: REFLECT_CHAOS_SEED={self.seed} "
+                 f"REFLECT_CHAOS_RUNS=1 python -m pytest -m chaos -s]",
+                 f"  schedule: {said(self.schedule)}", f"  as run:   {'; '.join(self.ran) or '(none)'}",
+                 f"  figures:  {self.figures}"]
+        lines += [f"  {v.kind}: {v.detail}" for v in self.violations]
+        return "\n".join(lines)
+
+
+class Chaos:
+    """One broker, one history and one reference run; chaos runs by seed,
+    each on topics, a group and data dirs of its own."""
+
+    def __init__(self, broker, tmp: Path, shape: Shape = SHORT) -> None:
+        self.broker, self.tmp, self.shape = broker, tmp, shape
+        self.users = users_by_partition(shape.users_per_partition, self.settings(tmp / "probe").partitions)
+        self.events = chaos_history(self.users, shape.per_user, self.settings(tmp / "probe"))
+        self.expected = expected_counts(self.events, self.settings(tmp / "probe"), self.users)
+        self._reference: Reference | None = None
+
+    def settings(self, data_dir: Path) -> Settings:
+        tag = uuid.uuid4().hex[:8]
+        timeouts = dict(SHORT_GROUP_TIMEOUTS)
+        if TEST_BROKER == "tansu":  # it takes 3 s; Kafka refuses less than 6 (test_faults_crash.crash_settings)
+            timeouts["session_timeout"] = 3.0
+        return Settings.load(env={}, broker=self.broker.url, app_id=f"reflect-chaos-{tag}",
+                             topic_episodes=f"episodes-{tag}", topic_requests=f"reflection-requests-{tag}",
+                             topic_reflections=f"reflections-{tag}", data_dir=str(data_dir), web_port=free_port(),
+                             threshold=self.shape.threshold, min_episodes=self.shape.min_episodes,
+                             reasoner="anthropic", reasoner_retries=0, challenge=self.shape.challenge, **timeouts)
+
+    @property
+    def reference(self) -> Reference:
+        """One worker, no fault, the history published at once."""
+        if self._reference is None:
+            outcome = self._run("reference", [], rate=None, workers=1)
+            assert not outcome.notes, f"the reference run did not settle: {outcome.notes}"
+            assert sum(len(b) for b in outcome.beliefs.values()) >= len(self.users), "too few beliefs"
+            assert any(p["depth"] >= 2 for b in outcome.beliefs.values() for p in b.values()), \
+                "no belief over beliefs in the reference"
+            assert any(p["status"] != "live" or p.get("lost_evidence_ids") for b in outcome.beliefs.values()
+                       for p in b.values()), "the retractions changed no belief in the reference"
+            self._reference = Reference.of(outcome)
+        return self._reference
+
+    def run(self, seed: int) -> Result:
+        reference = self.reference
+        schedule = make_schedule(seed, self.shape, len(self.events) / self.shape.rate)
+        ran: list[str] = []
+        outcome = self._run(f"seed-{seed}", schedule, rate=self.shape.rate, workers=self.shape.workers, ran=ran)
+        violations, figures = check(outcome, reference)
+        return Result(seed, schedule, ran, violations, {**figures, "phases": outcome.phases}, outcome.seconds)
+
+    def _run(self, name: str, schedule: list[Action], rate: float | None, workers: int,
+             ran: list[str] | None = None) -> Outcome:
+        started = time.monotonic()
+        tmp = self.tmp / name
+        tmp.mkdir(parents=True, exist_ok=True)
+        base = self.settings(tmp / "data")
+        asyncio.run(ensure_topics(base))
+        model = CountingModel()
+        group = {f"w{i}": Worker(replace(base, data_dir=str(tmp / f"data-w{i}"), web_port=free_port()),
+                                 tmp / f"w{i}.log", worker_env(model)) for i in range(max(workers, self.shape.most))}
+        notes: list[str] = []
+        phases = {"start": started}
+        try:
+            first = [group[f"w{i}"].launch() for i in range(workers)]
+            wait_for(lambda: all(healthy(w) for w in first), 90, f"{name}: the first workers ready")
+            phases["ready"] = time.monotonic()
+            feed = Feed(base, self.events, rate).start()
+            t0 = time.monotonic()
+            for action in schedule:
+                time.sleep(max(0.0, t0 + action.at - time.monotonic()))  # the schedule's pace, not a sync
+                begun = time.monotonic() - t0
+                done = act(group[action.worker], action.what)
+                (ran if ran is not None else []).append(f"+{begun:.2f}s {done} {action.worker}")
+            feed.join(120)
+            phases["fed"] = time.monotonic()
+            up = [w for w in group.values() if w.process is not None and w.process.poll() is None]
+            # A process ends by the schedule's hand only (kill and stop close its log): any other end is news.
+            notes += [f"{n} exited by itself ({w.process.returncode}): {w.tail(5)}" for n, w in group.items()
+                      if w.process is not None and w.process.poll() is not None and not w.log.closed]
+            stats = self.settle(name, base, up, notes)
+            phases["settled"] = time.monotonic()
+            owners = owners_of(up, base, self.users, notes)
+        finally:
+            # SIGKILL: what is compared is in the views' write-ahead logs and on
+            # the topics already, and a graceful stop takes seconds a worker.
+            for w in group.values():
+                if w.process is not None and w.process.poll() is None:
+                    kill(w)
+            model.close()
+        phases["stopped"] = time.monotonic()
+        acked = collections.defaultdict(list)
+        for e in feed.acked:
+            if isinstance(e, EpisodeRecorded):
+                acked[e.user_id].append(e.episode_id)
+        snapshot = {}
+        for w, users in owners.items():
+            snapshot.update(view_snapshot(w.settings, users))
+        stamped = lambda r: {**orjson.loads(r.value), "_ts": r.timestamp}  # noqa: E731
+        return Outcome(
+            users=self.users, acked=dict(acked),
+            episodes={u: {p["episode_id"]: p for p in points.values() if p["kind"] == "episode"}
+                      for u, points in snapshot.items()},
+            beliefs={u: {p["reflection_id"]: p for p in points.values() if p["kind"] == "reflection"}
+                     for u, points in snapshot.items()},
+            stats=stats,
+            requests=asyncio.run(read_topic(base, base.topic_requests, stamped)),
+            reflections=asyncio.run(read_topic(base, base.topic_reflections, stamped)),
+            calls=list(model.calls), notes=notes, seconds=time.monotonic() - started,
+            phases={k: round(phases[k] - phases[j], 1) for j, k in zip(phases, list(phases)[1:])})
+
+    def settle(self, name: str, settings: Settings, up: list[Worker], notes: list[str]) -> dict:
+        """Waits (bounded) until every worker up is ready and every user's
+        counts are the history's, every request asked is done and every
+        request on the log has its audit event; the users' stats then."""
+        last = {}
+
+        def done() -> bool:
+            if not all(healthy(w) for w in up):
+                last["why"] = "a worker is not ready"
+                return False
+            for u in self.users:
+                stats = answered(up[0].client, f"/v1/users/{u}/stats") or {}
+                seen = {k: stats.get(k) for k in self.expected[u]}
+                if seen != self.expected[u] or stats.get("requests") != stats.get("requests_done"):
+                    last["why"] = f"{u}: {seen}, requests {stats.get('requests')} done {stats.get('requests_done')}"
+                    return False
+            asked = set(cycle_ids(read_events(settings, settings.topic_requests), REQUESTS))
+            completed = set(cycle_ids(read_events(settings, settings.topic_reflections), AUDITS))
+            last["why"] = f"requests not completed: {sorted(asked - completed)[:5]}"
+            return asked <= completed
+        try:
+            wait_for(done, self.shape.settle, f"{name}: settled")
+        except AssertionError:
+            notes.append(f"did not settle in {self.shape.settle:g} s: {last.get('why')}")
+        return {u: answered(up[0].client, f"/v1/users/{u}/stats") or {} for u in self.users} if up else {}
+
+
+def healthy(worker: Worker) -> bool:
+    if worker.process.poll() is not None:
+        return False
+    return (worker.get("/healthz") or {}).get("status") == "ok"
+
+
+def act(worker: Worker, what: str) -> str:
+    """Does one action of the schedule; what was done."""
+    running = worker.process is not None and worker.process.poll() is None
+    if what == "kill9":
+        if not running:
+            return "kill9 (not running)"
+        kill(worker)
+        return "kill9"
+    if what in ("sigterm", "leave"):
+        if not running:
+            return f"{what} (not running)"
+        begun = time.monotonic()
+        stopped = stop(worker)
+        return f"{what} (exited in {time.monotonic() - begun:.1f} s{'' if stopped else ', then SIGKILL'})"
+    if running:
+        return f"{what} (already running)"
+    worker.launch()
+    return what
+
+
+def stop(worker: Worker, bound: float = 15.0) -> bool:
+    """SIGTERM, then SIGKILL after `bound`; whether it exited on the SIGTERM."""
+    process, clean = worker.process, True
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(bound)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+            clean = False
+    if not worker.log.closed:
+        worker.log.close()
+    return clean
+
+
+ASSIGNED = re.compile(r"^\|\s*(\S+)\s*\|\s*\{([0-9, \-]*)\}\s*\|", re.M)
+
+
+def assigned(worker: Worker, topic: str) -> set[int]:
+    """The partitions of `topic` in the worker's last "Setting newly assigned
+    partitions" table (test_faults_crash.assigned_partitions, read with the
+    spaces Faust puts in a set that is not one range: `{1, 3}`)."""
+    text = worker.log_path.read_text(errors="replace")
+    last = text.rfind("Setting newly assigned partitions")
+    if last < 0:
+        return set()
+    found = set()
+    for name, ranges in ASSIGNED.findall(text[last:text.find("for group", last)]):
+        if name == topic:
+            for part in filter(None, (p.strip() for p in ranges.split(","))):
+                low, _, high = part.partition("-")
+                found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def owners_of(up: list[Worker], settings: Settings, users, notes: list[str]) -> dict:
+    """The worker that owns each user at the end (its last assignment), as {worker: users}."""
+    sets = {w: assigned(w, settings.topic_episodes) for w in up}
+    out = collections.defaultdict(list)
+    for u in users:
+        p = partition_of(u, settings.partitions)
+        holders = [w for w, held in sets.items() if p in held]
+        if len(holders) != 1:
+            notes.append(f"partition {p} ({u}) is held by {len(holders)} workers at the end")
+        if holders:
+            out[holders[0]].append(u)
+    return out
+
+
+def seeds(runs: int, seed: str | None = SEED) -> list[int]:
+    first = int(seed) if seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    return [first + i for i in range(runs)]
+
+
+# ---------------------------------------------------------------- the tests
+
+@pytest.fixture(scope="module")
+def chaos(broker, tmp_path_factory) -> Chaos:
+    return Chaos(broker, tmp_path_factory.mktemp("chaos"), SHORT)
+
+
+class ChaosViolation(AssertionError):
+    """A chaos run ended otherwise than the reference (not a harness error)."""
+
+
+# Seen on this pipeline (tests/benchmarks/README.md, "Chaos"): after kill -9s,
+# a cycle run by the worker that took the partition over reads a view
+# without its window and decides otherwise (beliefs differ, calls the
+# reference never made); a cycle whose outcome was on the log is asked of
+# the model again; a retraction's revalidation goes onto the requests topic
+# and is counted once instead of twice; and once, after three kill -9 in 2 s,
+# both workers were ready and handled nothing for 150 s. Only a violation is
+# expected to fail here: any other error still fails the test.
+@pytest.mark.xfail(strict=False, raises=ChaosViolation, reason=(
+    "issue 30: the pipeline does not yet survive chaos: beliefs differ after a handover (a cycle reads a view "
+    "without its window), a model call again for a cycle whose outcome is on the log, a group that stalls"))
+@pytest.mark.chaos
+@pytest.mark.integration
+@needs_rejoin
+def test_faults_under_load_change_nothing(chaos):
+    """REFLECT_CHAOS_RUNS runs (10), each against the reference; stops at
+    the first run with a violation and reports it with its seed and schedule."""
+    reference = chaos.reference
+    print(f"\nreference: {sum(len(b) for b in reference.outcome.beliefs.values())} beliefs, "
+          f"{len(reference.outcome.calls)} model calls, {reference.outcome.seconds:.1f} s")
+    for n, seed in enumerate(seeds(RUNS), start=1):
+        result = chaos.run(seed)
+        print(result.report())
+        if result.violations:
+            raise ChaosViolation(f"run {n} of {RUNS}:\n{result.report()}")
+
+
+# ---------------------------------------------------------------- the check can fail (no broker)
+
+def tiny_outcome() -> Outcome:
+    """Two episodes, one cycle of two model calls, one belief: what a run of one user could leave."""
+    episode = {"kind": "episode", "status": "recorded", "importance": 0.6, "occurred_at": "2026-06-01T09:00:00Z"}
+    belief = {"kind": "reflection", "reflection_id": "r1", "text": "[u1] reverts touch auth", "depth": 1,
+              "evidence_ids": ["u1-1", "u1-0"], "lost_evidence_ids": [], "status": "live", "confidence": 0.5,
+              "support": 2, "importance": 0.7, "question": "What breaks?", "cycle_id": "u1:1",
+              "occurred_at": "2026-06-01T09:01:00Z"}
+    return Outcome(
+        users=["u1"], acked={"u1": ["u1-0", "u1-1"]},
+        episodes={"u1": {f"u1-{i}": {**episode, "episode_id": f"u1-{i}", "text": f"[u1] revert {i}"}
+                         for i in range(2)}},
+        beliefs={"u1": {"r1": belief}},
+        stats={"u1": {"episodes": 2, "retracted": 0, "reflections": 1, "pending_importance": 0.0,
+                      "high_salience": 2, "cycles": 1, "cycles_by_kind": {"threshold": 1}, "requests": 1,
+                      "requests_done": 1}},
+        requests=[{"type": "ReflectionRequested", "user_id": "u1", "cycle_id": "u1:1", "event_id": "q1", "_ts": 900}],
+        reflections=[{"type": "ReflectionCreated", "user_id": "u1", "cycle_id": "u1:1", "reflection_id": "r1",
+                      "event_id": "c1", "_ts": 2000},
+                     {"type": "ReflectionCycleCompleted", "user_id": "u1", "cycle_id": "u1:1", "event_id": "a1",
+                      "outcome": "ok", "kept": 1, "reinforced": 0, "dropped": 0, "usage": {"calls": 2}, "_ts": 2000}],
+        calls=[Call(1.0, "record_questions", "u1", "k-questions"), Call(1.5, "record_insights", "u1", "k-insights")])
+
+
+def doctored(change) -> list[str]:
+    """The kinds `check` reports of a copy of the tiny outcome that `change` doctored."""
+    reference = Reference.of(tiny_outcome())
+    run = tiny_outcome()
+    change(run)
+    return sorted({v.kind for v in check(run, reference)[0]})
+
+
+@pytest.mark.chaos
+def test_the_check_reports_each_kind_of_violation():
+    assert Reference.of(tiny_outcome()).cycle_of == {"k-questions": "u1:1", "k-insights": "u1:1"}
+    assert doctored(lambda run: None) == []
+    # (a) an episode counted twice (the accumulator and the view's count), one lost, one never sent
+    assert doctored(lambda run: run.stats["u1"].update(episodes=3, high_salience=3)) == ["count_differs"]
+    assert doctored(lambda run: run.episodes["u1"].pop("u1-1")) == ["episode_missing"]
+    assert doctored(lambda run: run.episodes["u1"].update({"u1-9": {"text": "?"}})) == ["episode_extra"]
+    assert doctored(lambda run: run.episodes["u1"]["u1-0"].update(status="retracted")) == ["episode_differs"]
+    # (b) a completion missing, one twice (a redelivery or a rerun), a belief event twice, a request more
+    assert doctored(lambda run: run.reflections.pop()) == ["completion_missing"]
+    assert doctored(lambda run: run.reflections.append({**run.reflections[-1], "event_id": "a2"})) == \
+        ["completion_duplicated"]
+    assert doctored(lambda run: run.reflections.append(dict(run.reflections[0]))) == ["outcome_duplicated"]
+    assert doctored(lambda run: run.requests.append({**run.requests[0], "cycle_id": "u1:2"})) == \
+        ["completion_missing", "requests_differ"]
+    # (c) a second call after the outcome was on the log; one before it (the answer never reached the
+    # log) is counted, not a violation; a call the reference never made
+    assert doctored(lambda run: run.calls.append(Call(2.5, "record_questions", "u1", "k-questions"))) == \
+        ["model_call_repeated"]
+    assert doctored(lambda run: run.calls.append(Call(1.9, "record_questions", "u1", "k-questions"))) == []
+    run = tiny_outcome()
+    run.calls.append(Call(1.9, "record_questions", "u1", "k-questions"))
+    assert check(run, Reference.of(tiny_outcome()))[1]["repaid_before_log"] == 1
+    assert doctored(lambda run: run.calls.append(Call(2.5, "record_questions", "u1", "k-other"))) == \
+        ["model_call_unmatched"]
+    # (d) a belief changed, gone, or another in its place; evidence compared as a set
+    assert doctored(lambda run: run.beliefs["u1"]["r1"].update(confidence=0.6)) == ["belief_differs"]
+    assert doctored(lambda run: run.beliefs["u1"]["r1"].update(status="stale")) == ["belief_differs"]
+    assert doctored(lambda run: run.beliefs["u1"].update(r2=run.beliefs["u1"].pop("r1"))) == ["belief_differs"]
+    assert doctored(lambda run: run.beliefs["u1"]["r1"].update(evidence_ids=["u1-0", "u1-1"])) == []
+    # the run itself
+    assert doctored(lambda run: run.notes.append("did not settle")) == ["run"]
+
+
+@pytest.mark.chaos
+def test_a_report_names_the_seed_the_schedule_and_what_differs():
+    run = tiny_outcome()
+    run.beliefs["u1"]["r1"]["confidence"] = 0.6
+    violations, figures = check(run, Reference.of(tiny_outcome()))
+    schedule = make_schedule(7, SHORT, 4.0)
+    report = Result(7, schedule, ["+0.31s kill9 w0"], violations, figures, 12.0).report()
+    assert "seed=7" in report and "REFLECT_CHAOS_SEED=7" in report and said(schedule) in report
+    assert "belief_differs: u1" in report and "'confidence': (0.6, 0.5)" in report
+
+
+@pytest.mark.chaos
+def test_a_schedule_is_its_seed_s_and_always_kills():
+    for seed in range(200):
+        plan = make_schedule(seed, SHORT, 4.0)
+        assert plan == make_schedule(seed, SHORT, 4.0)
+        assert any(a.what == "kill9" for a in plan), plan
+        faults = [a for a in plan if a.what != "restart"]
+        assert SHORT.faults[0] <= len(faults) <= SHORT.faults[1]
+        down, joined = set(), set()
+        for a in plan:  # a fault hits a running worker; each kill and SIGTERM is followed by its restart
+            if a.what in ("kill9", "sigterm", "leave"):
+                assert a.worker not in down and (a.worker in ("w0", "w1") or a.worker in joined), plan
+                down.add(a.worker)
+            elif a.what == "restart":
+                down.discard(a.worker)
+            else:
+                joined.add(a.worker)
+                down.discard(a.worker)
+        assert not (down - {a.worker for a in plan if a.what == "leave"}), plan
+    kinds = collections.Counter(a.what for seed in range(200) for a in make_schedule(seed, SHORT, 4.0))
+    assert all(kinds[k] for k in ("kill9", "sigterm", "leave", "join", "restart")), kinds
+
+
+@pytest.mark.chaos
+def test_a_call_is_named_by_what_it_asks_not_the_order_of_its_statements():
+    def body(statements, found):
+        block = "\n".join(f"{i}. {s}" for i, s in enumerate(statements, start=1))
+        return {"tool_choice": {"name": "record_insights"}, "messages": [{"content": (
+            f"<questions>\n1. What breaks? [found: {found}]\n</questions>\n<statements>\n{block}\n</statements>")}]}
+    one = body(["[u1] a revert", "[u1] a retry", "[u1] lunch"], "1, 2")
+    assert call_key(one) == call_key(body(["[u1] a retry", "[u1] lunch", "[u1] a revert"], "1, 3"))
+    assert call_key(one) != call_key(body(["[u1] a retry", "[u1] lunch", "[u1] a revert"], "1, 2"))
