@@ -507,7 +507,11 @@ class Chaos:
 
     def _run(self, name: str, schedule: list[Action], rate: float | None, workers: int,
              ran: list[str] | None = None) -> Outcome:
-        started = time.monotonic()
+        """Workers started, the history fed while `schedule` plays, settled;
+        then every worker SIGKILLed (what is compared is in the views'
+        write-ahead logs and on the topics already, and a graceful stop
+        takes seconds a worker) and what the run left read."""
+        phases, notes = {"start": time.monotonic()}, []
         tmp = self.tmp / name
         tmp.mkdir(parents=True, exist_ok=True)
         base = self.settings(tmp / "data")
@@ -515,21 +519,8 @@ class Chaos:
         model = CountingModel()
         group = {f"w{i}": Worker(replace(base, data_dir=str(tmp / f"data-w{i}"), web_port=free_port()),
                                  tmp / f"w{i}.log", worker_env(model)) for i in range(max(workers, self.shape.most))}
-        notes: list[str] = []
-        phases = {"start": started}
         try:
-            first = [group[f"w{i}"].launch() for i in range(workers)]
-            wait_for(lambda: all(healthy(w) for w in first), 90, f"{name}: the first workers ready")
-            phases["ready"] = time.monotonic()
-            feed = Feed(base, self.events, rate).start()
-            t0 = time.monotonic()
-            for action in schedule:
-                time.sleep(max(0.0, t0 + action.at - time.monotonic()))  # the schedule's pace, not a sync
-                begun = time.monotonic() - t0
-                done = act(group[action.worker], action.what)
-                (ran if ran is not None else []).append(f"+{begun:.2f}s {done} {action.worker}")
-            feed.join(120)
-            phases["fed"] = time.monotonic()
+            feed = self._play(name, base, group, schedule, rate, workers, ran if ran is not None else [], phases)
             up = [w for w in group.values() if w.process is not None and w.process.poll() is None]
             # A process ends by the schedule's hand only (kill and stop close its log): any other end is news.
             notes += [f"{n} exited by itself ({w.process.returncode}): {w.tail(5)}" for n, w in group.items()
@@ -538,13 +529,36 @@ class Chaos:
             phases["settled"] = time.monotonic()
             owners = owners_of(up, base, self.users, notes)
         finally:
-            # SIGKILL: what is compared is in the views' write-ahead logs and on
-            # the topics already, and a graceful stop takes seconds a worker.
             for w in group.values():
                 if w.process is not None and w.process.poll() is None:
                     kill(w)
             model.close()
         phases["stopped"] = time.monotonic()
+        return self._left(base, feed, owners, stats, model.calls, notes, phases)
+
+    def _play(self, name: str, base: Settings, group: dict, schedule: list[Action], rate: float | None,
+              workers: int, ran: list[str], phases: dict) -> Feed:
+        """The first `workers` started, then the feed, and the schedule's
+        actions at their times while it flows; the feed once it is done."""
+        first = [group[f"w{i}"].launch() for i in range(workers)]
+        wait_for(lambda: all(healthy(w) for w in first), 90, f"{name}: the first workers ready")
+        phases["ready"] = time.monotonic()
+        feed = Feed(base, self.events, rate).start()
+        t0 = time.monotonic()
+        for action in schedule:
+            time.sleep(max(0.0, t0 + action.at - time.monotonic()))  # the schedule's pace, not a sync
+            begun = time.monotonic() - t0
+            ran.append(f"+{begun:.2f}s {act(group[action.worker], action.what)} {action.worker}")
+        for label, w in group.items():
+            if getattr(w, "sigterm_at", None) is not None:
+                ran.append(f"{label} {finish_stop(w)}")
+        feed.join(120)
+        phases["fed"] = time.monotonic()
+        return feed
+
+    def _left(self, base: Settings, feed: Feed, owners: dict, stats: dict, calls: list[Call], notes: list[str],
+              phases: dict) -> Outcome:
+        """What a stopped run left: the owners' views, the topics, the stand-in's calls."""
         acked = collections.defaultdict(list)
         for e in feed.acked:
             if isinstance(e, EpisodeRecorded):
@@ -562,7 +576,7 @@ class Chaos:
             stats=stats,
             requests=asyncio.run(read_topic(base, base.topic_requests, stamped)),
             reflections=asyncio.run(read_topic(base, base.topic_reflections, stamped)),
-            calls=list(model.calls), notes=notes, seconds=time.monotonic() - started,
+            calls=list(calls), notes=notes, seconds=time.monotonic() - phases["start"],
             phases={k: round(phases[k] - phases[j], 1) for j, k in zip(phases, list(phases)[1:])})
 
     def settle(self, name: str, settings: Settings, up: list[Worker], notes: list[str]) -> dict:
@@ -588,8 +602,29 @@ class Chaos:
         try:
             wait_for(done, self.shape.settle, f"{name}: settled")
         except AssertionError:
-            notes.append(f"did not settle in {self.shape.settle:g} s: {last.get('why')}")
+            notes.append(f"did not settle in {self.shape.settle:g} s: {last.get('why')}; the group's commits "
+                         f"(committed/end by partition) {asyncio.run(commits(settings))}; /healthz "
+                         f"{[(w.get('/healthz') or {}).get('status') for w in up]}")
         return {u: answered(up[0].client, f"/v1/users/{u}/stats") or {} for u in self.users} if up else {}
+
+
+async def commits(settings: Settings) -> dict[str, str]:
+    """Per input topic, each partition's committed offset against its end (what a stalled group left)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=settings.app_id,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        out = {}
+        for topic in (settings.topic_episodes, settings.topic_requests, settings.topic_reflections):
+            tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+            ends = await consumer.end_offsets(tps)
+            held = [f"{tp.partition}:{await consumer.committed(tp)}/{ends[tp]}" for tp in tps]
+            out[topic.rsplit("-", 1)[0]] = " ".join(held)
+        return out
+    finally:
+        await consumer.stop()
 
 
 def healthy(worker: Worker) -> bool:
@@ -599,39 +634,42 @@ def healthy(worker: Worker) -> bool:
 
 
 def act(worker: Worker, what: str) -> str:
-    """Does one action of the schedule; what was done."""
+    """Does one action of the schedule without waiting for it (a SIGTERMed
+    worker exits while the schedule goes on: `finish_stop`); what was done."""
+    stopping = getattr(worker, "sigterm_at", None) is not None
     running = worker.process is not None and worker.process.poll() is None
     if what == "kill9":
         if not running:
             return "kill9 (not running)"
+        worker.sigterm_at = None
         kill(worker)
-        return "kill9"
+        return "kill9 (while it stopped)" if stopping else "kill9"
     if what in ("sigterm", "leave"):
-        if not running:
+        if not running or stopping:
             return f"{what} (not running)"
-        begun = time.monotonic()
-        stopped = stop(worker)
-        return f"{what} (exited in {time.monotonic() - begun:.1f} s{'' if stopped else ', then SIGKILL'})"
-    if running:
+        worker.process.send_signal(signal.SIGTERM)
+        worker.sigterm_at = time.monotonic()
+        return what
+    exited = f" ({finish_stop(worker)})" if stopping else ""
+    if worker.process is not None and worker.process.poll() is None:
         return f"{what} (already running)"
     worker.launch()
-    return what
+    return what + exited
 
 
-def stop(worker: Worker, bound: float = 15.0) -> bool:
-    """SIGTERM, then SIGKILL after `bound`; whether it exited on the SIGTERM."""
-    process, clean = worker.process, True
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(bound)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-            clean = False
+def finish_stop(worker: Worker, bound: float = 15.0) -> str:
+    """A SIGTERMed worker's exit, SIGKILLed `bound` s after the SIGTERM; how it went."""
+    process, sent, worker.sigterm_at = worker.process, worker.sigterm_at, None
+    try:
+        process.wait(max(0.0, sent + bound - time.monotonic()))
+        said = f"exited {time.monotonic() - sent:.1f} s after its SIGTERM"
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+        said = f"SIGKILLed, still running {bound:g} s after its SIGTERM"
     if not worker.log.closed:
         worker.log.close()
-    return clean
+    return said
 
 
 ASSIGNED = re.compile(r"^\|\s*(\S+)\s*\|\s*\{([0-9, \-]*)\}\s*\|", re.M)
