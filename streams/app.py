@@ -22,7 +22,8 @@ from streams import api, metrics, pipeline
 from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
-from streams.patches import forget_given_up, patch_commit_floor, patch_fetch_wait, patch_flow_control_resume
+from streams.commits import Commits
+from streams.patches import patch_fetch_wait, patch_flow_control_resume
 from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -34,7 +35,6 @@ def faust_app(settings: Settings) -> faust.App:
     # spin (0.7–0.9 core a worker); one that holds it (Kafka, Tansu) waits no longer.
     honour_fetch_wait()
     patch_flow_control_resume()
-    patch_commit_floor()
     app = faust.App(
         settings.app_id,
         broker=settings.broker,
@@ -69,10 +69,6 @@ def faust_app(settings: Settings) -> faust.App:
         web_in_thread=False,
     )
     app.fetch_wait_ms = round(settings.fetch_wait * 1000)
-
-    @app.on_partitions_assigned.connect
-    async def read_again(app, assigned, **kwargs) -> None:
-        forget_given_up(app)
     return app
 
 
@@ -91,11 +87,14 @@ def create_app(settings: Settings) -> Runtime:
     runtime = Runtime.build(settings, app, view, embedder, reasoner)
     pipeline.install(runtime)
     runtime.ownership.install(app)
+    runtime.commits = Commits(app)
+    runtime.commits.install(app)
     watch_broker(runtime)
     app.add_dependency(GroupWatch(app, settings))
 
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:
+        await runtime.commits.handed_over()  # the batches in hand, done or given up, and their commits
         stop_optimizing()  # a rebuild's or compaction's child: minutes at 500k points
         view.close()
 

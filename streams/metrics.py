@@ -316,18 +316,19 @@ def lag_of(assigned: Iterable, highwater: Callable[[Any], int | None], committed
     return lag
 
 
-def consumer_lag(app, topics: Iterable[str]) -> dict[tuple[str, str], float]:
-    """From the Faust consumer: the fetch highwater (right on Tansu, where
-    ListOffsets is not) and the offsets Faust last committed."""
+def consumer_lag(app, committed: Mapping[Any, int], topics: Iterable[str]) -> dict[tuple[str, str], float]:
+    """The fetch highwater from the Faust consumer (right on Tansu, where
+    ListOffsets is not), against the offsets the worker committed
+    (streams/commits.py)."""
     try:
         consumer = app.consumer
-        return lag_of(consumer.assignment(), consumer.highwater, dict(consumer._committed_offset), topics)
+        return lag_of(consumer.assignment(), consumer.highwater, dict(committed), topics)
     except Exception:  # not started, or between assignments: no figures rather than a failed scrape
         return {}
 
 
-def scrape(app, topics: Iterable[str]) -> str:
-    CONSUMER_LAG.replace(consumer_lag(app, topics))
+def scrape(app, committed: Mapping[Any, int], topics: Iterable[str]) -> str:
+    CONSUMER_LAG.replace(consumer_lag(app, committed, topics))
     return REGISTRY.render()
 
 

@@ -66,7 +66,9 @@ class Outlets:
 
     def __init__(self, app: faust.App, settings: Settings) -> None:
         def raw(name: str):
-            return app.topic(name, value_serializer="raw", key_serializer="raw", partitions=settings.partitions)
+            # acks=False: Faust commits no offset of these; Reflect does (streams/commits.py).
+            return app.topic(name, value_serializer="raw", key_serializer="raw", partitions=settings.partitions,
+                             acks=False)
 
         self.episodes, self.requests = raw(settings.topic_episodes), raw(settings.topic_requests)
         self.reflections = raw(settings.topic_reflections)
@@ -117,6 +119,7 @@ class Runtime:
     cycle_done: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
     _locks: list = dataclasses.field(default_factory=lambda: [asyncio.Lock() for _ in range(USER_LOCKS)])
     ownership: Any = None  # streams/ownership.Ownership: which partitions are this worker's, and whole
+    commits: Any = None  # streams/commits.Commits (a worker's; None in the tests' in-memory one)
     rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
 
     @classmethod

@@ -1,11 +1,9 @@
 """The loop every pipeline agent runs: a batch of one topic's events, decoded
-once, handled, and acknowledged only when handling is done.
-
-Acknowledged means committable: Faust commits an offset once every event
-before it is acknowledged, so a batch that waits on a transient fault holds
-its partition's commit where it is, and a crash meanwhile replays it. (Faust's
-`take_events` acknowledges a batch even when its handler raises or is
-cancelled; `noack_take` leaves that to us.)
+once, handled, and only then reported durable (streams/commits.py), which
+decides the offset the group resumes from. A batch that waits on a transient
+fault holds its partitions' commits where they are, and a crash meanwhile
+replays it. Faust acknowledges nothing here: the topics are declared
+without acks.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from typing import Any
 from processors.dlq import accept, carried
 from schemas import ContractError, Event
 from streams import compaction, metrics
-from streams.patches import release
 from streams.runtime import Runtime
 
 log = logging.getLogger("reflect")
@@ -46,7 +43,6 @@ class Runner:
         settings = self.runtime.settings
         batches = stream.noack_take(settings.projector_batch, within=settings.projector_within)
         ahead = asyncio.ensure_future(self.read_ahead(batches))
-        abandoned = False
         try:
             while True:
                 try:
@@ -54,39 +50,42 @@ class Runner:
                 except StopAsyncIteration:
                     return
                 ahead = asyncio.ensure_future(self.read_ahead(batches))
-                abandoned = await self.step(stream, *batch, abandoned=abandoned)
+                async with self.runtime.commits.holding():
+                    await self.step(*batch)
         finally:
-            ahead.cancel()  # a batch read ahead is not acknowledged: it is read again after a restart
+            ahead.cancel()  # a batch read ahead is not handled: it is read again from the last commit
 
-    async def step(self, stream, events, admitted, prepared, abandoned: bool) -> bool:
-        """One batch handled and acknowledged; whether it was given up instead.
-        After a batch is given up, those read before the handover are dropped
-        too: handled now, they would go before it. Faust ends the handover
-        only once every message it delivered is acknowledged or given up, so
-        what comes after is read afresh from the last commit."""
-        if abandoned and self.runtime.handing_over():
+    async def step(self, events, admitted, prepared) -> None:
+        """One batch handled and reported durable, or given up.
+
+        Given up while the worker hands its partitions over (a stop, or a
+        rebalance that revokes them: streams/commits.py waits for the batch
+        in hand before it commits and lets the partitions go). Events read
+        before the group's last rebalance are dropped: the consumer read its
+        partitions again from their last commit since."""
+        runtime, commits = self.runtime, self.runtime.commits
+        if runtime.handing_over():
             prepared.cancel()
-            self.give_up(events)
-            return True
-        await self.runtime.ownership.wait_whole(events)  # a partition just gained is caught up first
+            log.info("a batch of %d event(s) read as the worker hands its partitions over: given up, it is read "
+                     "again from the last commit", len(events))
+            return commits.given_up(events)
+        if any(not commits.current(e.message) for e in events):
+            log.info("%d event(s) read before the group's last rebalance dropped: read again from the last commit",
+                     sum(not commits.current(e.message) for e in events))
+            events = [e for e in events if commits.current(e.message)]
+            admitted = [(r, m) for r, m in admitted if commits.current(m)]
+        await runtime.ownership.wait_whole(events)  # a partition just gained is caught up first
         try:
             await self.handle(admitted, await prepared)
         except HandedOver as why:
-            log.warning("a batch of %d event(s) left unacknowledged while the worker hands its partitions over "
-                        "(%s): it is read again from the last commit", len(events), why)
-            self.give_up(events)
-            return True
+            log.warning("a batch of %d event(s) given up while the worker hands its partitions over (%s): it is "
+                        "read again from the last commit", len(events), why)
+            return commits.given_up(events)
         if self.PROJECTS:  # how far the view holds this topic: streams/ownership.py
-            await self.runtime.ownership.applied(events)
-            await compaction.check(self.runtime)
-        for event in events:
-            await stream.ack(event)
-        return False
-
-    def give_up(self, events) -> None:
-        """Not acknowledged, so not committed, and not waited for either."""
-        for event in events:
-            release(self.runtime.app, event.message)
+            await runtime.ownership.applied(events)
+            await compaction.check(runtime)
+        await runtime.app.producer.flush()  # the tables' changelog records, sent as they were written
+        commits.handled(events)
 
     async def read_ahead(self, batches):
         events = await batches.__anext__()

@@ -40,8 +40,10 @@ class Live(View):
 class Metrics(View):
     @answers_json
     async def get(self, request: Request) -> Response:
-        settings = context(self).settings
-        text = metrics.scrape(self.app, (settings.topic_episodes, settings.topic_requests, settings.topic_reflections))
+        runtime = context(self).runtime
+        settings = runtime.settings
+        text = metrics.scrape(self.app, runtime.commits.committed if runtime.commits else {},
+                              (settings.topic_episodes, settings.topic_requests, settings.topic_reflections))
         return self.bytes(text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
