@@ -40,6 +40,7 @@ class Tables:
     spend: Any  # "user:<id>" / "partition:<n>" → Spend.to_dict(): tokens spent today
     requests_done: Any  # user → the sequence number of the last request whose cycle is done and in the view
     last_cycle: Any  # user → what their last cycle made, or why nothing (streams/cycle_notes.py), for stats
+    outcomes: Any  # user → the last cycle decided, stored before it is published: {"cycle_id", "events"}
 
     @classmethod
     def of(cls, app: faust.App, partitions: int) -> "Tables":
@@ -49,7 +50,8 @@ class Tables:
                    app.Table("invalidator", default=dict, partitions=partitions),
                    app.Table("reasoner-spend", default=dict, partitions=partitions),
                    app.Table("requests-done", default=int, partitions=partitions),
-                   app.Table("last-cycle", default=dict, partitions=partitions))
+                   app.Table("last-cycle", default=dict, partitions=partitions),
+                   app.Table("cycle-outcomes", default=dict, partitions=partitions))
 
 
 def write(table, partition: int, key: str, value: Any) -> asyncio.Future:

@@ -34,6 +34,7 @@ from streams.pipeline.episodes import EpisodesPipeline
 from streams.pipeline.policy import Backoff
 from streams.pipeline.reflections import ReflectionsPipeline
 from streams.pipeline.requests import RequestsPipeline
+from streams.pipeline.runner import HandedOver
 from streams.runtime import Runtime
 from streams.settings import Settings
 
@@ -188,14 +189,22 @@ class MemoryWorker:
                 batch = [Delivery(self.message(topic, offset))
                          for offset in range(start, min(start + self.batch, len(topic.records)))]
                 self.busy += 1
+            given_up = False
             try:
                 admitted = await runner.admit(batch)
                 await runner.handle(admitted, await runner.prepared(admitted))
                 self.position[topic.name] = start + len(batch)  # acknowledged: handled
+            except HandedOver:  # as the runner: read again from the last commit
+                given_up = True
             finally:
                 async with self.turns:
                     self.busy -= 1
                     self.turns.notify_all()
+            if given_up:
+                await self.handed_over()
+
+    async def handed_over(self) -> None:
+        """After a batch was given up, before it is read again."""
 
     def message(self, topic: MemoryTopic, offset: int) -> Message:
         key, value, headers = topic.records[offset]

@@ -64,7 +64,8 @@ class FaultyView:
 
 class Witness:
     """The pipeline's promise, checked at every table write: the state written
-    counts only effects already in the view and the log. What breaks it is
+    counts only effects already in the view and the log; a cycle's outcome is
+    stored before it reaches the log. What breaks it is
     kept for the test to assert on (raising here would reach the error policy)."""
 
     def __init__(self, view, runtime: Runtime) -> None:
@@ -74,7 +75,7 @@ class Witness:
         # spent whether or not the cycle's events reach the log.
         self.checks = {"accumulators": self.counted_in_view, "invalidator": self.gone_in_view,
                        "requests-done": self.answered_in_log, "reasoner-spend": lambda key, value: None,
-                       "last-cycle": self.completed_in_log}
+                       "last-cycle": self.completed_in_log, "cycle-outcomes": self.not_yet_in_log}
         runtime.app.on_write = self
 
     def __call__(self, table: str, key: str, value) -> None:
@@ -98,6 +99,12 @@ class Witness:
         if not any(isinstance(e, ReflectionCycleCompleted) and e.cycle_id == note["cycle_id"]
                    for e in self.outlets.reflections.events()):
             return f"cycle {note['cycle_id']} was completed on the log"
+
+    def not_yet_in_log(self, user: str, outcome: dict):
+        """A cycle's outcome is stored before any of it is published (and once)."""
+        if any(isinstance(e, ReflectionCycleCompleted) and e.cycle_id == outcome["cycle_id"]
+               for e in self.outlets.reflections.events()):
+            return f"cycle {outcome['cycle_id']} was completed on the log (stored after its publish, or twice)"
 
     def answered_in_log(self, user: str, sequence: int):
         """The user's requests up to `sequence` are done: this one's cycle

@@ -147,14 +147,9 @@ class HandsOver(MemoryWorker):
                 raise HandedOver("stopped after a request reached the log")
         runtime.outlets.publish = publish_then_stop
 
-    async def consume(self, topic, runner) -> None:
-        while True:
-            try:
-                return await super().consume(topic, runner)
-            except HandedOver:  # the batch is read again, as from the last commit
-                async with self.turns:
-                    await self.turns.wait_for(lambda: not self.unread(self.runtime.outlets.requests)
-                                              and self.busy == 0)
+    async def handed_over(self) -> None:
+        async with self.turns:
+            await self.turns.wait_for(lambda: not self.unread(self.runtime.outlets.requests) and self.busy == 0)
 
 
 def test_a_stop_after_a_request_reached_the_log_replays_to_the_same_beliefs(tmp_path):

@@ -4,7 +4,9 @@ A user's requests are on one partition, so the user's cycles, and the
 provenance walks of its retractions (`InvalidationRequested`, see
 `invalidate`), run in log order. For each cycle: refuse it (budget spent,
 breaker open) or run the five steps off the event loop (a reasoner call takes seconds; heartbeats, the other
-pipelines and the API go on); then publish the cycle's events and, once the
+pipelines and the API go on); store the outcome (table `cycle-outcomes`: a
+rerun after a crash or a stop publishes the same events, with no second
+model call); then publish the cycle's events and, once the
 broker has them, write them into the view — the log before the view, and the
 view before the user's next request, whose cycle sees them whatever the
 reflections pipeline has read — and mark the cycle done. A request whose
@@ -29,7 +31,8 @@ from processors.guard import Spend, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state, placed
 from processors.projector import REFLECTION_TYPES, ReflectionProjector
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
-from schemas import ChallengeRequested, Event, InvalidationRequested, ReflectionCycleCompleted, ReflectionRequested
+from schemas import (ChallengeRequested, Event, InvalidationRequested, ReflectionCycleCompleted, ReflectionRequested,
+                     from_dict)
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
@@ -71,7 +74,12 @@ class RequestsPipeline(Runner):
         runtime, user = self.runtime, request.user_id
         runtime.running[user] = request.cycle_id
         try:
-            made = await runtime.policy.alone("reflect", lambda: self.cycle(request, message.partition), message)
+            made = self.decided(request)
+            if made is None:
+                made = await runtime.policy.alone("reflect", lambda: self.cycle(request, message.partition), message)
+                if made is not FAILED:  # stored before it is published: a rerun reuses it, no second model call
+                    await write(runtime.tables.outcomes, message.partition, user,
+                                {"cycle_id": request.cycle_id, "events": [e.to_dict() for e in made]})
             if made is not FAILED:
                 # The log first, then the view: the view never holds a belief the log lacks. The user's
                 # next request waits for both, so its cycle reads this one's beliefs.
@@ -82,6 +90,12 @@ class RequestsPipeline(Runner):
         finally:
             runtime.running.pop(user, None)
         await self.mark_done(request, message.partition)
+
+    def decided(self, request: ReflectionRequested) -> list[Event] | None:
+        """The cycle's events, if it was decided before (a crash or a stop
+        came before it was marked done): they may be on the log already."""
+        stored = self.runtime.tables.outcomes.get(request.user_id) or {}
+        return [from_dict(e) for e in stored["events"]] if stored.get("cycle_id") == request.cycle_id else None
 
     async def cycle(self, request: ReflectionRequested, partition: int) -> list[Event]:
         """One cycle's events; refused when a budget is spent or the breaker is open."""
