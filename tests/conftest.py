@@ -26,6 +26,10 @@ from streams.client import ReflectClient, ReflectUnreachable
 from streams.settings import Settings
 
 TEST_BROKER = os.environ.get("REFLECT_TEST_BROKER", "tansu")
+# A test that starts `reflect up` (its own embedded broker, whatever the test
+# broker is) runs the same in every stage: the first stage runs it.
+OWN_BROKER = pytest.mark.skipif(TEST_BROKER != "tansu", reason="`reflect up` starts its own broker: the first "
+                                "CI stage runs this")
 TEST_QDRANT = os.environ.get("REFLECT_TEST_QDRANT", "edge")
 KAFKA_IMAGE = "apache/kafka:3.9.1"  # the images of deploy/compose.yaml
 QDRANT_IMAGE = "qdrant/qdrant:v1.16.2"

@@ -39,14 +39,12 @@ def assert_grounded(result: dict) -> None:
     assert {b["depth"] for b in beliefs.values()} <= {1, 2}  # never past max_depth
 
 
-def held(result: dict) -> set:
-    return {(b["reflection_id"], b["text"], tuple(sorted(b["evidence_ids"])), b["status"]) for b in result["beliefs"]}
-
-
-def test_demo_forms_cited_beliefs_scores_them_in_numbers_and_the_same_ones_twice():
+def test_demo_forms_cited_beliefs_and_scores_them_in_numbers():
+    # That the same log gives the same beliefs whatever the timing is shown by tests/test_determinism.py
+    # (a worker over the broker, batches of 256 against batches of 5 and a restart) and tests/test_positions.py;
+    # a second demo here cost CI two minutes and showed nothing they do not.
     result = demo()
     assert_grounded(result)
-    assert held(demo()) == held(result)  # the same log gives the same beliefs, whatever the timing
     found = [p["pattern"] for p in result["patterns"] if p["found"]]
     score = result["score"]
     assert (score["found"], score["of"], score["beliefs"]) == (len(found), 4, len(result["beliefs"]))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from conftest import wait_for
+from conftest import OWN_BROKER, wait_for
 from streams.broker import free_port
 from streams.routes import RESOURCES
 from streams.routes.common import FAUST_PAGES, USER_ID_MAX, user_id_problem
@@ -108,6 +108,7 @@ def reflect_up(tmp_path):
 
 
 @pytest.mark.integration
+@OWN_BROKER
 def test_schemathesis_finds_no_server_error_against_reflect_up(reflect_up, tmp_path):
     reports = tmp_path / "schemathesis"
     started = time.monotonic()

@@ -15,10 +15,10 @@ import urllib.request
 import orjson
 import pytest
 
-from conftest import wait_for
+from conftest import OWN_BROKER, wait_for
 from streams.broker import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, OWN_BROKER]
 
 
 def call(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import http_client, wait_for
+from conftest import OWN_BROKER, http_client, wait_for
 from streams.broker import BrokerError, free_port, left_behind, noida_command
 from streams.client import ReflectUnreachable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, OWN_BROKER]
 
 USERS = ("ann", "bob")
 TEXTS = ("revert of PR {n}: the auth middleware broke login",
