@@ -9,8 +9,8 @@ the owner: another worker forwards it there (streams/routes/common.py,
 assignor, `app.router.external_topics_metadata()`).
 
 The owner answers only when its answer is whole: its tables recovered, and
-— with Edge — its view holding every event the group has committed on the
-partition. A worker that gains a partition in a rebalance lacks what the
+— with Edge — its view holding every event on the partition's log when it
+was gained. A worker that gains a partition in a rebalance lacks what the
 previous owner projected, so it first replays that span of `episodes` and
 `reflections` into its own view (`catch_up`); the pipeline's agents wait for
 it before handling the partition, and reads meanwhile answer 503. What the
@@ -121,7 +121,7 @@ class Ownership:
         # Only an Edge view is the worker's own; a Qdrant server's is shared and whole.
         self.local_view = settings.qdrant_url is None
         self.watermarks = Watermarks(runtime.view, settings.view_dir / "offsets.json") if self.local_view else None
-        self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds what the group committed
+        self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds the log as it was gained
         self._catching: dict[int, asyncio.Task] = {}
         self.installed = False
 
@@ -206,7 +206,11 @@ class Ownership:
 
     async def _replay(self, p: int) -> None:
         """Project into the view every event of partition `p` between its
-        watermark and the group's committed offset."""
+        watermark and the end of the log as the partition is gained: past
+        the group's committed offset too, since the previous owner's
+        requests agent may have acted on events (a cycle's beliefs, the
+        episodes of its window) that its other agents had not committed yet,
+        and the next request's cycle must find them in this view."""
         settings, runtime = self.runtime.settings, self.runtime
         consumer = AIOKafkaConsumer(**client_options(settings), group_id=settings.app_id,
                                     enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100)
@@ -217,14 +221,15 @@ class Ownership:
             view = runtime.view.name
             tps = [TopicPartition(t, p) for t in self.topics]
             marks = await asyncio.to_thread(self.watermarks.of, view)
-            spans = {tp: (marks.get(tp, 0),
-                          await asyncio.wait_for(consumer.committed(tp), BROKER_CALL_TIMEOUT) or 0) for tp in tps}
-            spans = {tp: span for tp, span in spans.items() if span[0] < span[1]}
-            if not spans:
-                return
+            # At least the committed offset; the end of the log is what the fetches see (`_project`).
+            spans = {tp: (marks.get(tp, 0), await asyncio.wait_for(consumer.committed(tp), BROKER_CALL_TIMEOUT) or 0)
+                     for tp in tps}
             started = asyncio.get_running_loop().time()
-            events = await _project(consumer, spans, self._projectors(), carried(settings), runtime.projection_lock)
-            await asyncio.to_thread(self.watermarks.advance, view, {tp: until for tp, (_, until) in spans.items()})
+            events, reached = await _project(consumer, spans, self._projectors(), carried(settings),
+                                             runtime.projection_lock)
+            await asyncio.to_thread(self.watermarks.advance, view, reached)
+            if not events:
+                return
             log.warning("caught up partition %d: %d events into the view in %.1f s", p, events,
                         asyncio.get_running_loop().time() - started)
         finally:
@@ -237,21 +242,23 @@ class Ownership:
 
 
 async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, carries: dict,
-                   lock: asyncio.Lock) -> int:
-    """Apply each topic-partition's events from `start` up to `until` (exclusive), in order."""
+                   lock: asyncio.Lock) -> tuple[int, dict]:
+    """Apply each topic-partition's events from `start` to the end of its
+    log, and at least up to `until` (exclusive), in order: how many, and the
+    offset each topic-partition was applied up to. The end is the highwater
+    the first fetch reports (Tansu's ListOffsets is short when the last
+    batch holds more than one record), so every partition is fetched at
+    least once, and what comes meanwhile is left to the pipeline."""
     consumer.assign(list(spans))
     for tp, (start, _) in spans.items():
         consumer.seek(tp, start)
-    left, applied = dict(spans), 0
+    left, applied, reached, ends = dict(spans), 0, {}, {}
     while left:
         batches = await consumer.getmany(*left, timeout_ms=200, max_records=1000)
         for tp, messages in batches.items():
-            until = spans[tp][1]
             apply, kinds = projectors[tp.topic]
             records, positions = [], []
             for m in messages:
-                if m.offset >= until:
-                    break
                 try:
                     record = accept(m, carries)
                 except ContractError:  # dead-lettered when it was first read
@@ -263,6 +270,10 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
                 await asyncio.to_thread(apply, records, positions)
             applied += len(records)
         for tp in list(left):  # by position, not the last record: a span may end at a gap
-            if await consumer.position(tp) >= spans[tp][1]:
+            if tp not in ends and consumer.highwater(tp) is not None:  # the log's end as first seen
+                ends[tp] = max(spans[tp][1], consumer.highwater(tp))
+            position = await consumer.position(tp)
+            if tp in ends and position >= ends[tp]:
+                reached[tp] = position
                 left.pop(tp)
-    return applied
+    return applied, reached

@@ -1,15 +1,24 @@
-"""The pure parts of routing a user's reads to its owner (streams/ownership.py):
-the owner in the group's map, and the watermarks of
-what an embedded view holds. The routing itself, on real workers:
-tests/test_workers.py."""
+"""Routing a user's reads to its owner (streams/ownership.py): the owner in
+the group's map, the watermarks of what an embedded view holds, and the
+catch-up of a partition gained (over the test broker). The routing itself,
+on real workers: tests/test_workers.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
+import pytest
 from aiokafka import TopicPartition
 
+from memory_worker import memory_runtime
+from processors.embedders import HashingEmbedder
+from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView
-from streams.ownership import NO_USER, Watermarks, owner_in
+from streams.ownership import NO_USER, Watermarks, owner_in, partition_of
+from streams.topics import ensure_topics
+from test_determinism import publish
+from test_faults_crash import episode_stream, make_settings, users_by_partition
 
 
 def test_the_owner_is_the_worker_assigned_the_partition_and_none_while_unassigned():
@@ -48,5 +57,30 @@ def test_a_view_from_before_reads_its_watermarks_from_the_old_file(tmp_path):
     try:
         (tmp_path / "offsets.json").write_bytes(orjson.dumps({view.name: {"episodes:0": 42}}))
         assert Watermarks(view, tmp_path / "offsets.json").get(view.name, TopicPartition("episodes", 0)) == 42
+    finally:
+        view.close()
+
+
+@pytest.mark.integration
+@pytest.mark.broker
+def test_a_partition_gained_is_caught_up_to_the_end_of_its_log_not_only_to_its_commit(broker, tmp_path):
+    """Nothing committed (no worker read the episodes): the previous owner
+    may have run cycles on events its other agents had not committed, so the
+    new owner's view takes the whole log before the partition is whole."""
+    settings = make_settings(broker.url, tmp_path)
+    user = users_by_partition(1, settings.partitions)[0]
+    asyncio.run(ensure_topics(settings))
+    asyncio.run(publish(settings, episode_stream([user], 12)))
+    embedder = HashingEmbedder()
+    view = EdgeView(settings.view_dir, settings.view, embedder.dim)
+    try:
+        ownership = memory_runtime(settings, view, embedder, OfflineReasoner(embedder)).ownership
+
+        async def gained() -> None:
+            p = partition_of(user, settings.partitions)
+            ownership.assigned({p})
+            await asyncio.wait_for(ownership.whole[p].wait(), 60)
+        asyncio.run(gained())
+        assert len(list(view.scroll(user, kind="episode"))) == 12
     finally:
         view.close()
