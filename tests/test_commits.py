@@ -19,7 +19,7 @@ from test_determinism import publish
 from test_faults_crash import Workers, committed_to_end, episode_stream, make_settings, read_events, \
     users_by_partition
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 PER_USER = 30
 

@@ -35,7 +35,7 @@ from streams.topics import ensure_topics
 from test_faults_crash import (Workers, beliefs_of, episode_stream, episodes_of, make_settings, read_events,
                                users_by_partition, view_snapshot)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 PER_USER, THRESHOLD, MIN_EPISODES = 120, 15.0, 10
 

@@ -15,7 +15,7 @@ from conftest import run, settings_env, wait_for
 from streams.producer import Publisher
 from streams.topics import TopicError, ensure_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 
 async def _publish_many(settings, episodes):

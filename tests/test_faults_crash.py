@@ -47,7 +47,7 @@ from streams.ownership import partition_of
 from streams.settings import Settings
 from streams.topics import ensure_topics
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration]
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.broker]
 
 # ---------------------------------------------------------------- shared helpers
 

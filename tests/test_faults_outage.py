@@ -25,7 +25,7 @@ from streams.topics import ensure_topics
 from test_faults_crash import (SHORT_GROUP_TIMEOUTS, Feed, Workers, episode_stream, make_settings, own_broker_for,
                                proc_cpu_seconds, read_events, users_by_partition, visible_episodes)
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration]
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.broker]
 
 
 def post(port: int, path: str, body: dict, timeout: float = 60.0) -> tuple[int, dict, float]:

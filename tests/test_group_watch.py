@@ -34,6 +34,7 @@ def test_errors_a_worker_recovers_from_are_not_refusals(error):
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_a_worker_the_broker_refuses_into_its_group_exits_with_the_reason(settings, tmp_path):
     # noida-db, like Apache Kafka, refuses a session below 6 s
     # (group.min.session.timeout.ms); Tansu accepts any, so this case brings

@@ -27,7 +27,7 @@ from streams.topics import ensure_topics
 from test_determinism import publish
 from test_faults_crash import SHORT_GROUP_TIMEOUTS, Workers, episode_stream, make_settings, read_events
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 EPISODES = 16  # one user's, each asking for a cycle
 CALL_SECONDS = 1.5  # the stand-in model's delay per call: a cycle is in hand while the next is asked

@@ -225,6 +225,7 @@ def _episode_records(settings, user: str) -> list[dict]:
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_a_write_retried_with_the_same_key_is_one_episode(settings, worker):
     s = replace(settings, threshold=1000.0)
     run(ensure_topics(s))
@@ -268,6 +269,7 @@ def test_a_write_retried_with_the_same_key_is_one_episode(settings, worker):
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_the_client_retrying_after_a_lost_answer_records_one_episode(settings, worker):
     s = replace(settings, threshold=1000.0)
     run(ensure_topics(s))

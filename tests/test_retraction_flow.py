@@ -17,7 +17,7 @@ from schemas import ReflectionCreated, now
 from streams.producer import Publisher
 from streams.topics import ensure_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 
 def created(user, rid, evidence, depth=1, text=None):

@@ -26,7 +26,7 @@ from streams.producer import Publisher, make_episode, make_retraction
 from streams.topics import ensure_topics
 from test_faults_crash import TEXTS, Workers, make_settings, proc_cpu_seconds, proc_rss_mib, read_events
 
-pytestmark = [pytest.mark.soak, pytest.mark.faults, pytest.mark.integration]
+pytestmark = [pytest.mark.soak, pytest.mark.faults, pytest.mark.integration, pytest.mark.broker]
 
 SECONDS = float(os.environ.get("REFLECT_SOAK_SECONDS", "60"))
 RATE = 50.0  # episodes/s

@@ -131,6 +131,7 @@ def _reflect(settings: Settings, *args: str, **env: str) -> subprocess.Completed
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_topics_are_created_with_their_configs_and_read_back(settings):
     run(ensure_topics(settings))
     live = run(_live_configs(settings, settings.topics))
@@ -143,6 +144,7 @@ def test_topics_are_created_with_their_configs_and_read_back(settings):
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_a_topic_of_record_with_a_weeks_retention_stops_the_start_unless_allowed(settings):
     run(_create(settings, settings.topic_episodes, {"retention.ms": WEEK_MS}))
     with pytest.raises(TopicError, match=f"'{settings.topic_episodes}' has retention.ms={WEEK_MS}"):
@@ -167,6 +169,7 @@ async def _topics_then_check(settings: Settings) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_a_compacted_topic_of_record_is_refused(settings):
     run(_create(settings, settings.topic_reflections, {"cleanup.policy": "compact", "retention.ms": "-1"}))
     with pytest.raises(TopicError, match=f"'{settings.topic_reflections}' has cleanup.policy=compact"):
@@ -174,6 +177,7 @@ def test_a_compacted_topic_of_record_is_refused(settings):
 
 
 @pytest.mark.integration
+@pytest.mark.broker
 def test_a_topic_the_broker_cannot_describe_is_said_not_refused(settings):
     """The real broker's answer for a topic it does not have: an error (noida-db,
     like Kafka) or no configs at all (Tansu); either is a note, never a refusal."""

@@ -28,7 +28,7 @@ from test_determinism import publish
 from test_faults_crash import (SHORT_GROUP_TIMEOUTS, Workers, after_a_dead_member, episode_stream, kill,
                               make_settings, users_by_partition)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
 PER_USER, QUERY = 40, "why did the auth revert break login"
 
 
