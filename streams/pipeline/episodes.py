@@ -193,27 +193,27 @@ class EpisodesPipeline(Runner):
                 break
             # An open challenge of a belief no longer live (superseded, invalid, stale) has nothing left to ask.
             acc = replace(acc, challenging=tuple(p for p in acc.challenging if p["id"] in quorums))
-            judged_ = [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in todo]
+            stamps = [{"id": e.episode_id, "occurred_at": e.occurred_at} for e in todo]
             done, asked_now = 0, []
             while done < len(todo) and not asked_now:  # the same beliefs until something is asked
-                upto, stale, _ = first_stale(live, judged_[done:], acc.stream_at, self.horizon)
+                upto, stale, _ = first_stale(live, stamps[done:], acc.stream_at, self.horizon)
                 upto = upto or len(todo) - done
                 used = upto
                 if self.gate:
-                    pending, used = gather(acc.challenging, judged_[done:done + upto], scores[done:done + upto],
+                    pending, used = gather(acc.challenging, stamps[done:done + upto], scores[done:done + upto],
                                            self.gate_score, quorums)
                     acc, asked_now = asked(replace(acc, challenging=pending), user, settings.challenge_daily)
-                seen = (e["occurred_at"] for e in judged_[done:done + used])
+                seen = (e["occurred_at"] for e in stamps[done:done + used])
                 acc = replace(acc, stream_at=latest(acc.stream_at, *seen))
                 done += used
                 if stale and used == upto:  # the stream passed their horizon at this episode
-                    went = went_stale(user, [b for b in live if b["reflection_id"] in stale], judged_[done - 1],
+                    went = went_stale(user, [b for b in live if b["reflection_id"] in stale], stamps[done - 1],
                                       self.horizon, acc.recent)
                     await asyncio.to_thread(self.project_beliefs, [e for e in went if isinstance(e, REFLECTION_TYPES)])
                     went, acc = numbered(went, acc)
                     asked_now = [*asked_now, *went]
             start += done
-            asked_now = placed(asked_now, positions.get(judged_[done - 1]["id"]))
+            asked_now = placed(asked_now, positions.get(stamps[done - 1]["id"]))
             if start < len(episodes) or not fired:
                 await self.emit(user, partition, judged(run[start - 1][1], acc), asked_now)
             else:  # asked by the episode that fired: stored with what it fired
