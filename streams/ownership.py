@@ -221,9 +221,15 @@ class Ownership:
             view = runtime.view.name
             tps = [TopicPartition(t, p) for t in self.topics]
             marks = await asyncio.to_thread(self.watermarks.of, view)
-            # At least the committed offset; the end of the log is what the fetches see (`_project`).
-            spans = {tp: (marks.get(tp, 0), await asyncio.wait_for(consumer.committed(tp), BROKER_CALL_TIMEOUT) or 0)
-                     for tp in tps}
+            # To the log's end (ListOffsets), and at least the commit. Tansu's ListOffsets is short when the
+            # last batch holds several records, never past the end: `_project` reads on to what a fetch sees.
+            ends = await asyncio.wait_for(consumer.end_offsets(tps), BROKER_CALL_TIMEOUT)
+            spans = {tp: (marks.get(tp, 0),
+                          max(ends.get(tp) or 0,
+                              await asyncio.wait_for(consumer.committed(tp), BROKER_CALL_TIMEOUT) or 0)) for tp in tps}
+            spans = {tp: span for tp, span in spans.items() if span[0] < span[1]}
+            if not spans:
+                return
             started = asyncio.get_running_loop().time()
             events, reached = await _project(consumer, spans, self._projectors(), carried(settings),
                                              runtime.projection_lock)
@@ -246,9 +252,8 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
     """Apply each topic-partition's events from `start` to the end of its
     log, and at least up to `until` (exclusive), in order: how many, and the
     offset each topic-partition was applied up to. The end is the highwater
-    the first fetch reports (Tansu's ListOffsets is short when the last
-    batch holds more than one record), so every partition is fetched at
-    least once, and what comes meanwhile is left to the pipeline."""
+    the first fetch reports, if higher than `until` (see `_replay`); what
+    comes after it is left to the pipeline."""
     consumer.assign(list(spans))
     for tp, (start, _) in spans.items():
         consumer.seek(tp, start)
