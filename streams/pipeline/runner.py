@@ -69,11 +69,11 @@ class Runner:
             log.info("a batch of %d event(s) read as the worker hands its partitions over: given up, it is read "
                      "again from the last commit", len(events))
             return commits.given_up(events)
-        if any(not commits.current(e.message) for e in events):
+        current = [e for e in events if commits.current(e.message)]
+        if len(current) < len(events):
             log.info("%d event(s) read before the group's last rebalance dropped: read again from the last commit",
-                     sum(not commits.current(e.message) for e in events))
-            events = [e for e in events if commits.current(e.message)]
-            admitted = [(r, m) for r, m in admitted if commits.current(m)]
+                     len(events) - len(current))
+            events, admitted = current, [(r, m) for r, m in admitted if commits.current(m)]
         await runtime.ownership.wait_whole(events)  # a partition just gained is caught up first
         try:
             await self.handle(admitted, await prepared)

@@ -421,7 +421,9 @@ def idle_up(extra: list[str], seconds: float = 20.0, writes: int = 20) -> tuple[
                     began = time.monotonic()
                     api.request("POST", "/v1/users/ann/episodes",
                                 body={"text": f"note {i}", "importance": 0.3, "episode_id": f"e{i}"})
-                    while api.request("GET", f"/v1/users/ann/episodes/e{i}").status != 200:
+                    while api.request("GET", f"/v1/users/ann/episodes/e{i}").status != 200:  # bounded below
+                        if time.monotonic() - began > 30:
+                            raise TimeoutError(f"episode e{i} not visible within 30 s")
                         time.sleep(0.005)
                     visible.append(time.monotonic() - began)
                     time.sleep(0.3)  # idle again between writes
