@@ -26,19 +26,22 @@ def day_of(at: datetime) -> str:
 class Spend:
     day: str = ""
     tokens: int = 0
+    last: str = ""  # the cycle charged last: a rerun of it (after a crash) is not charged again
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Spend":
         return cls(**data) if data else cls()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"day": self.day, "tokens": self.tokens}
+        return {"day": self.day, "tokens": self.tokens, "last": self.last}
 
     def today(self, day: str) -> int:
         return self.tokens if self.day == day else 0
 
-    def charged(self, day: str, tokens: int) -> "Spend":
-        return Spend(day, self.today(day) + tokens)
+    def charged(self, day: str, tokens: int, cycle: str) -> "Spend":
+        """A key's cycles are charged in log order, one at a time, so only
+        the last one charged can come again."""
+        return self if cycle == self.last else Spend(day, self.today(day) + tokens, cycle)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
 from streams.commits import Commits
+from streams.on_log import Log
 from streams.patches import patch_fetch_wait, patch_flow_control_resume
 from streams.runtime import Runtime
 from streams.security import faust_credentials
@@ -88,6 +89,7 @@ def create_app(settings: Settings) -> Runtime:
     pipeline.install(runtime)
     runtime.ownership.install(app)
     runtime.commits = Commits(app)
+    runtime.log = Log(settings, app)
     runtime.commits.install(app)
     watch_broker(runtime)
     app.add_dependency(GroupWatch(app, settings))

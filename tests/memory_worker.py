@@ -5,7 +5,7 @@ gives them (the real Qdrant Edge view, HashingEmbedder, OfflineReasoner).
 What runs is the worker's own code from `Runner.admit` on: the pipelines'
 `handle()`, the error policy, the real `Tables` and `Outlets` classes — built
 over `MemoryApp`, which answers the two calls they make of a Faust app
-(`Table`, `topic`). What is replaced is Faust's consumer: each pipeline is a
+(`Table`, `topic`), and `MemoryLog` for streams/on_log.Log. What is replaced is Faust's consumer: each pipeline is a
 task that takes up to `projector_batch` unread records of its topic, handles
 them, and only then moves its position on (acknowledged when done, as
 `Runner.run`). The tasks run concurrently, as Faust's agents do: a retraction
@@ -35,6 +35,7 @@ from streams.pipeline.policy import Backoff
 from streams.pipeline.reflections import ReflectionsPipeline
 from streams.pipeline.requests import RequestsPipeline
 from streams.pipeline.runner import HandedOver
+from streams.on_log import event_id
 from streams.runtime import Runtime
 from streams.settings import Settings
 
@@ -102,9 +103,26 @@ class MemoryApp:
         return self.topics.setdefault(name, MemoryTopic(name, self))
 
 
+class MemoryLog:
+    """streams/on_log.Log over a `MemoryApp`'s topics: an offset is a place in
+    the topic's one list."""
+
+    def __init__(self, app: MemoryApp) -> None:
+        self.app = app
+
+    async def end(self, topic: str, partition: int) -> int:
+        return len(self.app.topic(topic).records)
+
+    async def holds(self, topic: str, partition: int, since: int, event_ids) -> set[str]:
+        return set(event_ids) & {event_id(value) for _, value, _ in self.app.topic(topic).records[since:]}
+
+
 def memory_runtime(settings: Settings, view, embedder, reasoner, backoff: Backoff = Backoff()) -> Runtime:
     """A runtime as `streams.app.create_app` builds it, over a `MemoryApp`."""
-    return Runtime.build(settings, MemoryApp(), view, embedder, reasoner, backoff)
+    app = MemoryApp()
+    runtime = Runtime.build(settings, app, view, embedder, reasoner, backoff)
+    runtime.log = MemoryLog(app)
+    return runtime
 
 
 @dataclass(frozen=True)

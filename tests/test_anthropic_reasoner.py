@@ -218,10 +218,12 @@ def test_the_breaker_opens_after_consecutive_outages_and_lets_one_try_after_the_
 def test_budgets_refuse_once_spent_and_reset_with_the_day():
     budget = Budget.from_settings(Settings.load(env={}, user_daily_tokens=1000, daily_tokens=4000, partitions=4))
     assert (budget.user_tokens, budget.partition_tokens) == (1000, 1000)
-    spent = Spend().charged("2026-12-03", 1200)
+    spent = Spend().charged("2026-12-03", 1200, "c1")
     assert "user's daily tokens" in budget.refusal(spent.today("2026-12-03"), 0)
     assert "partition's share" in budget.refusal(10, 1000)
     assert budget.refusal(spent.today("2026-12-04"), 0) is None  # a new UTC day
+    assert spent.charged("2026-12-03", 1200, "c1") == spent  # the same cycle again (a rerun): once
+    assert spent.charged("2026-12-03", 300, "c2").today("2026-12-03") == 1500
     assert Budget().refusal(10**9, 10**9) is None  # 0: no limit
 
 

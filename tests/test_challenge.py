@@ -233,7 +233,7 @@ def test_challenges_get_half_of_a_token_budget_and_never_starve_reflection_cycle
             runtime = memory_runtime(settings, view, meaning(), AnthropicReasoner(client, "claude-haiku-4-5"),
                                      Backoff(0.001, 0.01))
             today = day_of(datetime.now(timezone.utc))  # budgets are per UTC day of the wall clock
-            runtime.tables.spend.data[f"user:{USER}"] = Spend().charged(today, 60_000).to_dict()  # past half
+            runtime.tables.spend.data[f"user:{USER}"] = Spend().charged(today, 60_000, "earlier-cycle").to_dict()  # past half
             await MemoryWorker(runtime).run(story(PANDAS, "pandas"))
             return runtime
         runtime = asyncio.run(go())

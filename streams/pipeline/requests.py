@@ -5,8 +5,8 @@ provenance walks of its retractions (`InvalidationRequested`, see
 `invalidate`), run in log order. For each cycle: refuse it (budget spent,
 breaker open) or run the five steps off the event loop (a reasoner call takes seconds; heartbeats, the other
 pipelines and the API go on); store the outcome (table `cycle-outcomes`: a
-rerun after a crash or a stop publishes the same events, with no second
-model call); then publish the cycle's events and, once the
+rerun after a crash or a stop reuses it, with no second model call, and
+publishes only the events the log lacks: streams/on_log.py); then publish the cycle's events and, once the
 broker has them, write them into the view — the log before the view, and the
 view before the user's next request, whose cycle sees them whatever the
 reflections pipeline has read — and mark the cycle done. A request whose
@@ -36,6 +36,7 @@ from schemas import (ChallengeRequested, Event, InvalidationRequested, Reflectio
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
+from streams.ownership import partition_of
 from streams.pipeline.runner import Runner
 from streams.runtime import Runtime, write
 
@@ -71,31 +72,52 @@ class RequestsPipeline(Runner):
     async def reflect(self, request: ReflectionRequested, message) -> None:
         if self.done_already(request):
             return
-        runtime, user = self.runtime, request.user_id
+        runtime, user, partition = self.runtime, request.user_id, message.partition
         runtime.running[user] = request.cycle_id
         try:
-            made = self.decided(request)
+            made, unpublished = await self.decided(request)
             if made is None:
-                made = await runtime.policy.alone("reflect", lambda: self.cycle(request, message.partition), message)
+                made = await runtime.policy.alone("reflect", lambda: self.cycle(request, partition), message)
                 if made is not FAILED:  # stored before it is published: a rerun reuses it, no second model call
-                    await write(runtime.tables.outcomes, message.partition, user,
-                                {"cycle_id": request.cycle_id, "events": [e.to_dict() for e in made]})
+                    await write(runtime.tables.outcomes, partition, user,
+                                {"cycle_id": request.cycle_id, "events": [e.to_dict() for e in made],
+                                 "since": await self.log_ends(made, user)})
+                unpublished = made
             if made is not FAILED:
                 # The log first, then the view: the view never holds a belief the log lacks. The user's
                 # next request waits for both, so its cycle reads this one's beliefs.
-                await self.publish(made)
-                self.account(request, made[-1], message.partition)
+                await self.publish(unpublished)
+                self.account(request, made[-1], partition)
                 await runtime.policy.until_done("project-reflections",
                                                 lambda: asyncio.to_thread(self.project, made))
         finally:
             runtime.running.pop(user, None)
-        await self.mark_done(request, message.partition)
+        await self.mark_done(request, partition)
 
-    def decided(self, request: ReflectionRequested) -> list[Event] | None:
+    async def decided(self, request: ReflectionRequested) -> tuple[list[Event] | None, list[Event]]:
         """The cycle's events, if it was decided before (a crash or a stop
-        came before it was marked done): they may be on the log already."""
+        came before it was marked done), and those of them the log lacks:
+        the log, read from where it ended when they were stored
+        (streams/on_log.py), says which are there already."""
         stored = self.runtime.tables.outcomes.get(request.user_id) or {}
-        return [from_dict(e) for e in stored["events"]] if stored.get("cycle_id") == request.cycle_id else None
+        if stored.get("cycle_id") != request.cycle_id:
+            return None, []
+        made = [from_dict(e) for e in stored["events"]]
+        runtime, held = self.runtime, set()
+        partition, ids = partition_of(request.user_id, runtime.settings.partitions), [e.event_id for e in made]
+        for topic, since in (stored.get("since") or {}).items():
+            held |= await runtime.policy.until_done(
+                "read-log", lambda topic=topic, since=since: runtime.log.holds(topic, partition, since, ids))
+        log.info("cycle %s was decided before a stop or a crash: %d of its %d events are on the log already, "
+                 "the rest is published now", request.cycle_id, len(held), len(made))
+        return made, [e for e in made if e.event_id not in held]
+
+    async def log_ends(self, events: list[Event], user: str) -> dict[str, int]:
+        """Where each topic the events go to ends now, on the user's partition."""
+        runtime, partition = self.runtime, partition_of(user, self.runtime.settings.partitions)
+        topics = {runtime.outlets.topic_of(e).get_topic_name() for e in events}
+        return {t: await runtime.policy.until_done("read-log", lambda t=t: runtime.log.end(t, partition))
+                for t in sorted(topics)}
 
     async def cycle(self, request: ReflectionRequested, partition: int) -> list[Event]:
         """One cycle's events; refused when a budget is spent or the breaker is open."""
@@ -119,13 +141,14 @@ class RequestsPipeline(Runner):
         return [Spend.from_dict(spend.get(key)) for key in spend_keys(request, partition)]
 
     def account(self, request: ReflectionRequested, completed, partition: int) -> None:
-        """Once its events are in the log (a redelivery charges nothing twice):
+        """Once its events are in the log (a rerun charges nothing twice: Spend.charged):
         the breaker, the spend, the tally."""
         runtime = self.runtime
         if completed.outcome != "refused":  # a refusal says nothing of the API
             runtime.breaker.record(completed.outcome == "unavailable", asyncio.get_running_loop().time())
         for key, s in zip(spend_keys(request, partition), self.spent(request, partition)):
-            write(runtime.tables.spend, partition, key, s.charged(today(), tokens_of(completed.usage)).to_dict())
+            charged = s.charged(today(), tokens_of(completed.usage), request.cycle_id)
+            write(runtime.tables.spend, partition, key, charged.to_dict())
         runtime.tally.add(completed)
         if isinstance(completed, ReflectionCycleCompleted):  # a challenge is told by its own event
             write(runtime.tables.last_cycle, partition, request.user_id, summary(completed))

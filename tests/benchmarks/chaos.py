@@ -4,7 +4,7 @@ workers of one group while kill -9, SIGTERM, joins and leaves hit them —
 each checked against one uninterrupted reference run; violations by kind,
 time per run.
 
-    python tests/benchmarks/chaos.py [--runs 100] [--shape short|full] [--seed N] [--json]
+    python tests/benchmarks/chaos.py [--runs 100] [--shape short|full] [--seed N] [--keep] [--json]
     reflect bench --only chaos          (opt-in; --quick: 10 runs, else 100)
 
 One embedded Tansu broker (noida-db cannot rejoin a group after a SIGKILL),
@@ -23,6 +23,7 @@ beside a control run's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -39,10 +40,16 @@ from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
 from test_chaos import KINDS, SHAPES, Chaos, seeds  # noqa: E402
 
 
-def measure(runs: int, shape: str = "short", seed: int | None = None, control: int = 2, echo=print) -> dict:
+def measure(runs: int, shape: str = "short", seed: int | None = None, control: int = 2, echo=print,
+            keep: bool = False) -> dict:
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="reflect-chaos-") as tmp, \
-            EmbeddedBroker(kind="tansu", log_path=str(Path(tmp) / "tansu.log"), ready_timeout=60) as broker:
+    with contextlib.ExitStack() as stack:
+        tmp = tempfile.mkdtemp(prefix="reflect-chaos-") if keep else \
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="reflect-chaos-"))
+        if keep:
+            echo(f"chaos: the runs' worker logs and data are kept in {tmp}")
+        broker = stack.enter_context(EmbeddedBroker(kind="tansu", log_path=str(Path(tmp) / "tansu.log"),
+                                                    ready_timeout=60))
         chaos = Chaos(broker, Path(tmp), SHAPES[shape])
         reference = chaos.reference.outcome
         echo(f"chaos: reference run {reference.seconds:.1f} s, "
@@ -84,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the first run's seed (default: random, printed)")
     parser.add_argument("--control", type=int, default=2, help="runs with no fault first, as the baseline (2)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout (progress on stderr)")
+    parser.add_argument("--keep", action="store_true", help="keep each run's worker logs and data (path printed)")
     args = parser.parse_args(argv)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    result = measure(args.runs, args.shape, args.seed, args.control, echo=echo)
+    result = measure(args.runs, args.shape, args.seed, args.control, echo=echo, keep=args.keep)
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
