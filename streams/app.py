@@ -24,7 +24,7 @@ from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, repor
 from streams.group_watch import GroupWatch
 from streams.commits import Commits
 from streams.on_log import Log
-from streams.patches import patch_fetch_wait, patch_flow_control_resume
+from streams.patches import patch_fetch_wait, patch_flow_control_resume, patch_seek_uncommitted
 from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -36,6 +36,7 @@ def faust_app(settings: Settings) -> faust.App:
     # spin (0.7–0.9 core a worker); one that holds it (Kafka, Tansu) waits no longer.
     honour_fetch_wait()
     patch_flow_control_resume()
+    patch_seek_uncommitted()
     app = faust.App(
         settings.app_id,
         broker=settings.broker,
@@ -70,6 +71,8 @@ def faust_app(settings: Settings) -> faust.App:
         web_in_thread=False,
     )
     app.fetch_wait_ms = round(settings.fetch_wait * 1000)
+    # The pipeline's topics: a partition of them with no commit is read from its start (patch_seek_uncommitted).
+    app.read_from_start = frozenset((settings.topic_episodes, settings.topic_requests, settings.topic_reflections))
     return app
 
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 
-from aiokafka import AIOKafkaConsumer
+import faust
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.types import TP
 
-from streams.patches import patch_fetch_wait
+from streams.patches import patch_fetch_wait, patch_seek_uncommitted
 
 
 def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_attribute():
@@ -22,3 +26,49 @@ def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_
     consumer = asyncio.run(built())
     assert consumer._fetch_max_wait_ms == 1500  # the attribute the patch sets …
     assert "self._fetch_max_wait_ms" in inspect.getsource(AIOKafkaConsumer.start)  # … and start() reads
+
+
+@pytest.mark.integration
+@pytest.mark.broker
+def test_a_partition_with_no_commit_is_sought_to_its_start_with_the_others(settings):
+    """patch_seek_uncommitted, on a running Faust consumer: a stream partition
+    with no commit whose position moved past its first records is read from
+    its start once Faust seeks its partitions to their commits (without the
+    patch it stays where it was: a record fetched and dropped there is lost)."""
+    patch_seek_uncommitted()
+    topic = f"seek-{uuid.uuid4().hex[:8]}"
+    tp = TP(topic, 0)
+
+    async def positions() -> tuple[int, int]:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap)
+        await producer.start()
+        try:
+            for i in range(3):
+                await (await producer.send(topic, b"record %d" % i, partition=0))
+        finally:
+            await producer.stop()
+        app = faust.App(f"seek-{topic}", broker=settings.broker, web_enabled=False, store="memory://",
+                        autodiscover=False, topic_partitions=1, broker_session_timeout=settings.session_timeout,
+                        broker_heartbeat_interval=settings.session_timeout / 6,
+                        broker_rebalance_timeout=settings.rebalance_timeout)
+        app.read_from_start = frozenset({topic})
+
+        @app.agent(app.topic(topic, value_serializer="raw", partitions=1, acks=False))
+        async def sink(stream):
+            async for _ in stream.noack():
+                pass
+        await app.start()
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while tp not in app.consumer.assignment():
+                assert asyncio.get_running_loop().time() < deadline, "the partition was never assigned"
+                await asyncio.sleep(0.1)
+            await app.consumer.seek(tp, 2)  # past its first records, as after a fetch that was dropped
+            moved = await app.consumer.position(tp)
+            await app.consumer.perform_seek()
+            return moved, await app.consumer.position(tp)
+        finally:
+            await app.stop()
+
+    moved, sought = asyncio.run(asyncio.wait_for(positions(), 120))
+    assert (moved, sought) == (2, 0)
