@@ -9,6 +9,7 @@ recurring group's most representative statement, citing exactly that group.
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
@@ -157,6 +158,40 @@ class OfflineReasoner:
 
 
 MEMORY = 8192  # statement vectors the offline reasoner keeps
+
+
+class Remembered:
+    """A reasoner that keeps its answers, for one cycle: a cycle tried again
+    after a transient fault of the view or the broker (the error policy
+    retries it from its start) asks nothing it was answered already, and
+    pays for nothing twice. Only answers are kept: a failure is asked again.
+    Everything else (name, prompt_version, batched, ...) is the reasoner's."""
+
+    ASKING = frozenset({"questions", "insights", "insights_for", "verdict"})
+
+    def __init__(self, reasoner: Reasoner) -> None:
+        self._reasoner, self._answers = reasoner, {}
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._reasoner, name)
+        if name not in self.ASKING:
+            return attribute
+
+        def ask(*args, **kwargs):
+            key = (name, _frozen(args), _frozen(kwargs))
+            if key not in self._answers:
+                self._answers[key] = attribute(*args, **kwargs)
+            return copy.deepcopy(self._answers[key])  # the caller may change what it is given
+        return ask
+
+
+def _frozen(value):
+    """Call arguments as a key: sequences and mappings of plain values."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def make_reasoner(settings, embedder: Embedder | None = None) -> Reasoner:

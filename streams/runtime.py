@@ -148,6 +148,14 @@ class Runtime:
         flow = getattr(self.app, "flow_control", None)  # None: the tests' in-memory app
         return bool(getattr(self.app, "should_stop", False)) or (flow is not None and not flow.is_active())
 
+    def still_owns(self, message) -> bool:
+        """Whether the worker may still publish for the message's partition:
+        it is not handing its partitions over, and the message was read in
+        the group's current generation (a worker expelled from the group
+        learns it at its next heartbeat: until then, only transactions would
+        fence it — deploy/README.md, Delivery)."""
+        return not self.handing_over() and (self.commits is None or self.commits.current(message))
+
     def user_lock(self, user_id: str) -> asyncio.Lock:
         """Held while a user's invalidator state is read, changed and written:
         the episodes and the reflections pipelines both change it."""

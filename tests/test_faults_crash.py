@@ -549,7 +549,8 @@ def test_sigkill_between_the_model_answer_and_the_publish(crash_broker, tmp_path
     stored = asyncio.run(read_topic(run.settings, f"{run.settings.app_id}-cycle-outcomes-changelog",
                                     lambda r: (orjson.loads(r.key), r.timestamp / 1000)))
     first_life_stored = any(key == user and at < run.info["killed_at"] for key, at in stored)
-    assert run.answered.count(("record_insights", user)) == (1 if first_life_stored else 2), first_life_stored
+    assert run.answered.count(("record_insights", user)) == (1 if first_life_stored else 2), \
+        (first_life_stored, run.answered)
     assert_same_as_baseline(run, baseline)
 
 

@@ -30,6 +30,7 @@ from processors.challenger import refused_challenge, run_challenge
 from processors.guard import Spend, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state, placed
 from processors.projector import REFLECTION_TYPES, ReflectionProjector
+from processors.reasoners import Reasoner, Remembered
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from schemas import (ChallengeRequested, Event, InvalidationRequested, ReflectionCycleCompleted, ReflectionRequested,
                      from_dict)
@@ -37,7 +38,7 @@ from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
 from streams.ownership import partition_of
-from streams.pipeline.runner import Runner
+from streams.pipeline.runner import HandedOver, Runner
 from streams.runtime import Runtime, write
 
 log = logging.getLogger("reflect")
@@ -77,13 +78,17 @@ class RequestsPipeline(Runner):
         try:
             made, unpublished = await self.decided(request)
             if made is None:
-                made = await runtime.policy.alone("reflect", lambda: self.cycle(request, partition), message)
+                reasoner = Remembered(runtime.reasoner)  # a retry after a transient fault asks nothing twice
+                made = await runtime.policy.alone("reflect", lambda: self.cycle(request, partition, reasoner),
+                                                  message)
                 if made is not FAILED:  # stored before it is published: a rerun reuses it, no second model call
                     await write(runtime.tables.outcomes, partition, user,
                                 {"cycle_id": request.cycle_id, "events": [e.to_dict() for e in made],
                                  "since": await self.log_ends(made, user)})
                 unpublished = made
             if made is not FAILED:
+                if not runtime.still_owns(message):  # the next owner publishes the stored outcome
+                    raise HandedOver(f"cycle {request.cycle_id} decided as its partition is handed over")
                 # The log first, then the view: the view never holds a belief the log lacks. The user's
                 # next request waits for both, so its cycle reads this one's beliefs.
                 await self.publish(unpublished)
@@ -119,7 +124,7 @@ class RequestsPipeline(Runner):
         return {t: await runtime.policy.until_done("read-log", lambda t=t: runtime.log.end(t, partition))
                 for t in sorted(topics)}
 
-    async def cycle(self, request: ReflectionRequested, partition: int) -> list[Event]:
+    async def cycle(self, request: ReflectionRequested, partition: int, reasoner: Reasoner) -> list[Event]:
         """One cycle's events; refused when a budget is spent or the breaker is open."""
         runtime = self.runtime
         spent = [s.today(today()) for s in self.spent(request, partition)]
@@ -130,9 +135,9 @@ class RequestsPipeline(Runner):
             refusal = refused_challenge if isinstance(request, ChallengeRequested) else refused
             return [refusal(request, runtime.reasoner, reason)]
         if isinstance(request, ChallengeRequested):  # a challenge cycle counts against the same budgets
-            return await asyncio.to_thread(self.challenge, request)
+            return await asyncio.to_thread(self.challenge, request, reasoner)
         recent = Accumulator.from_dict(runtime.tables.accumulators.get(request.user_id)).recent
-        return await asyncio.to_thread(self.steps, request, recent)
+        return await asyncio.to_thread(self.steps, request, recent, reasoner)
 
     def spent(self, request: ReflectionRequested, partition: int) -> list[Spend]:
         """Tokens spent today by the user and by this partition's share (keys
@@ -158,17 +163,17 @@ class RequestsPipeline(Runner):
                         extra={"cycle_id": request.cycle_id, "event_id": request.event_id,
                                "outcome": completed.outcome})
 
-    def steps(self, request: ReflectionRequested, recent) -> list[Event]:
+    def steps(self, request: ReflectionRequested, recent, reasoner: Reasoner) -> list[Event]:
         """Steps 2–5 (blocking: off the loop)."""
         runtime = self.runtime
         window = cycle_window(runtime.view, request, recent)
-        return metrics.traced_cycle(run_cycle)(request, window, runtime.view, runtime.embedder,
-                                               runtime.reasoner, self.config)
+        return metrics.traced_cycle(run_cycle)(request, window, runtime.view, runtime.embedder, reasoner,
+                                               self.config)
 
-    def challenge(self, request: ChallengeRequested) -> list[Event]:
+    def challenge(self, request: ChallengeRequested, reasoner: Reasoner) -> list[Event]:
         """A challenge cycle (blocking: off the loop)."""
         runtime = self.runtime
-        return run_challenge(request, runtime.view, runtime.embedder, runtime.reasoner, self.config)
+        return run_challenge(request, runtime.view, runtime.embedder, reasoner, self.config)
 
     async def mark_done(self, request: ReflectionRequested, partition: int) -> None:
         user, done = request.user_id, self.runtime.tables.requests_done
