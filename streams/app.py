@@ -24,7 +24,8 @@ from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, repor
 from streams.group_watch import GroupWatch
 from streams.commits import Commits
 from streams.on_log import Log
-from streams.patches import patch_fetch_wait, patch_flow_control_resume, patch_seek_uncommitted
+from streams.patches import (patch_fetch_wait, patch_flow_control_resume, patch_recovery_seek_floor,
+                             patch_seek_uncommitted)
 from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -37,6 +38,7 @@ def faust_app(settings: Settings) -> faust.App:
     honour_fetch_wait()
     patch_flow_control_resume()
     patch_seek_uncommitted()
+    patch_recovery_seek_floor()
     app = faust.App(
         settings.app_id,
         broker=settings.broker,

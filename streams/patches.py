@@ -88,3 +88,30 @@ def patch_seek_uncommitted() -> None:
 
     perform_seek_from_start.patched = True
     Consumer.perform_seek = perform_seek_from_start
+
+
+def patch_recovery_seek_floor() -> None:
+    """Seek a changelog partition to 0, never below, as table recovery starts.
+
+    Faust's recovery seeks each changelog partition to one before the first
+    offset it has to read, and maps only -1 to 0 (recovery._seek_offsets,
+    "FIXME ... offset-1 discrepancy"). Seen under the chaos suite: a worker
+    that joined and was handed a second assignment 2 s later got a lower
+    offset for a changelog partition just created, aiokafka refused the seek
+    ("Offset must be a positive integer") and Faust crashed the worker.
+    Below 0 means what -1 means: nothing of the partition read yet.
+    """
+    from collections import Counter
+
+    from faust.tables.recovery import Recovery
+
+    seek_offsets = Recovery._seek_offsets
+    if getattr(seek_offsets, "patched", False):
+        return
+
+    async def seek_offsets_from_zero(self, consumer, tps, offsets, title) -> None:
+        floored = Counter({tp: max(offsets[tp], -1) for tp in tps})  # Faust's own counts left as they are
+        await seek_offsets(self, consumer, tps, floored, title)
+
+    seek_offsets_from_zero.patched = True
+    Recovery._seek_offsets = seek_offsets_from_zero

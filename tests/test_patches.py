@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from collections import Counter
 
 import faust
 import pytest
@@ -14,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
-from streams.patches import patch_fetch_wait, patch_seek_uncommitted
+from streams.patches import patch_fetch_wait, patch_recovery_seek_floor, patch_seek_uncommitted
 
 
 def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_attribute():
@@ -30,16 +31,19 @@ def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_
 
 @pytest.mark.integration
 @pytest.mark.broker
-def test_a_partition_with_no_commit_is_sought_to_its_start_with_the_others(settings):
-    """patch_seek_uncommitted, on a running Faust consumer: a stream partition
-    with no commit whose position moved past its first records is read from
-    its start once Faust seeks its partitions to their commits (without the
-    patch it stays where it was: a record fetched and dropped there is lost)."""
+def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
+    """patch_seek_uncommitted: a stream partition with no commit whose
+    position moved past its first records is read from its start once Faust
+    seeks its partitions to their commits (without the patch it stays where
+    it was: a record fetched and dropped there is lost).
+    patch_recovery_seek_floor: a recovery seek below -1 lands on 0 (without
+    it aiokafka raises and Faust crashes the worker)."""
     patch_seek_uncommitted()
+    patch_recovery_seek_floor()
     topic = f"seek-{uuid.uuid4().hex[:8]}"
     tp = TP(topic, 0)
 
-    async def positions() -> tuple[int, int]:
+    async def positions() -> tuple[int, int, int]:
         producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap)
         await producer.start()
         try:
@@ -66,9 +70,12 @@ def test_a_partition_with_no_commit_is_sought_to_its_start_with_the_others(setti
             await app.consumer.seek(tp, 2)  # past its first records, as after a fetch that was dropped
             moved = await app.consumer.position(tp)
             await app.consumer.perform_seek()
-            return moved, await app.consumer.position(tp)
+            sought = await app.consumer.position(tp)
+            # patch_recovery_seek_floor: below -1 is read from 0, as -1 (aiokafka refuses a negative seek)
+            await app.tables.recovery._seek_offsets(app.consumer, {tp}, Counter({tp: -2}), "active")
+            return moved, sought, await app.consumer.position(tp)
         finally:
             await app.stop()
 
-    moved, sought = asyncio.run(asyncio.wait_for(positions(), 120))
-    assert (moved, sought) == (2, 0)
+    moved, sought, floored = asyncio.run(asyncio.wait_for(positions(), 120))
+    assert (moved, sought, floored) == (2, 0, 0)
