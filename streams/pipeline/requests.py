@@ -3,16 +3,19 @@
 A user's requests are on one partition, so the user's cycles, and the
 provenance walks of its retractions (`InvalidationRequested`, see
 `invalidate`), run in log order. For each cycle: refuse it (budget spent,
-breaker open) or run the five steps off the event loop (a reasoner call takes seconds; heartbeats, the other
-pipelines and the API go on); store the outcome (table `cycle-outcomes`: a
-rerun after a crash or a stop reuses it, with no second model call, and
-publishes only the events the log lacks: streams/on_log.py); then publish the cycle's events and, once the
-broker has them, write them into the view — the log before the view, and the
-view before the user's next request, whose cycle sees them whatever the
+breaker open) or run the five steps off the event loop (a reasoner call
+takes seconds; heartbeats, the other pipelines and the API go on); store
+the outcome (table `cycle-outcomes`: a rerun after a crash or a stop reuses
+it, with no second model call, and publishes only the events the log lacks:
+streams/on_log.py); then publish the cycle's events and, once the broker
+has them, write them into the view — the log before the view, and the view
+before the user's next request, whose cycle sees them whatever the
 reflections pipeline has read — and mark the cycle done. A request whose
 sequence is already marked done (a redelivery after a crash) is skipped.
+A worker handing the partition over publishes nothing: the next owner does.
 
-A transient fault (the view, the broker) retries the cycle; a deterministic
+A transient fault (the view, the broker) retries the cycle, with the
+reasoner's answers kept (processors/reasoners.Remembered); a deterministic
 one is dead-lettered with the request (stage "reflect"). Either way the
 accumulator has reset: a failing cycle is never asked again by itself.
 """
