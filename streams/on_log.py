@@ -43,18 +43,22 @@ class Log:
                                       READ_TIMEOUT)
 
     async def _read(self, tp: TopicPartition, since: int, wanted: set[str]) -> set[str]:
+        # Under exactly_once, a record of a transaction aborted by a crash is not on the log: read committed.
+        isolation = "read_committed" if self.settings.processing_guarantee == "exactly_once" else "read_uncommitted"
         consumer = AIOKafkaConsumer(**client_options(self.settings), enable_auto_commit=False,
-                                    fetch_max_wait_ms=100)
+                                    fetch_max_wait_ms=100, isolation_level=isolation)
         await consumer.start()
         try:
             consumer.assign([tp])
             consumer.seek(tp, since)
             found: set[str] = set()
-            # To the high watermark a fetch reports (Tansu's ListOffsets can be short of it).
+            # To the end a fetch reports (Tansu's ListOffsets can be short of it): the high watermark, or
+            # under read_committed the last stable offset (an open transaction's records are not read).
+            end_of = consumer.last_stable_offset if isolation == "read_committed" else consumer.highwater
             while found != wanted:
                 for messages in (await consumer.getmany(tp, timeout_ms=200)).values():
                     found |= wanted & {event_id(m.value) for m in messages}
-                end = consumer.highwater(tp)
+                end = end_of(tp)
                 if end is not None and await consumer.position(tp) >= end:
                     break
             return found

@@ -14,6 +14,7 @@ in-process (tests/memory_worker.py) over the real Qdrant Edge view.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -214,9 +215,12 @@ def test_a_remembered_reasoner_keeps_answers_not_failures():
 
 @pytest.mark.integration
 @pytest.mark.broker
-def test_the_log_says_which_events_it_holds_from_an_offset_on(settings):
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_the_log_says_which_events_it_holds_from_an_offset_on(settings, guarantee):
     """streams/on_log.Log.holds on the real broker: what was published
-    before `since` is not looked at, what after it is found, by event id."""
+    before `since` is not looked at, what after it is found, by event id
+    (read committed under exactly_once)."""
+    settings = dataclasses.replace(settings, processing_guarantee=guarantee)
     user = "u-log"
     tp = TopicPartition(settings.topic_episodes, partition_of(user, settings.partitions))
 
