@@ -104,7 +104,7 @@ class Commits:
             # Faust's Consumer._commit (pinned: pyproject.toml; tests/test_commits.py fails when it moves):
             # the group member's own commit, at its generation; False once the group rebalanced. Under
             # exactly_once, _commit_offsets commits each partition's transaction with its offsets
-            # (tests/test_exactly_once.py): what the worker wrote becomes visible to read_committed readers.
+            # (tests/test_commits.py): what the worker wrote becomes visible to read_committed readers.
             consumer = self.app.consumer
             commit = consumer._commit_offsets if self.app.in_transaction else consumer._commit
             if not await commit(offsets):
