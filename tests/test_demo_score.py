@@ -77,7 +77,7 @@ def test_a_stub_citing_what_it_was_shown_scores_at_most_one_pattern(embedder, tm
         "the stub cited no pattern: the test would prove nothing"
 
 
-@pytest.mark.parametrize("seed", [7, 8])
+@pytest.mark.parametrize("seed", [8])  # seed 7, the demo's, is held to the same bar in tests/test_demo.py
 def test_the_offline_reasoner_finds_every_planted_pattern(embedder, tmp_path, seed):
     hist = history(seed=seed)
     result = score(hist, live_beliefs(hist, tmp_path, embedder, OfflineReasoner(embedder)), embedder)
