@@ -24,8 +24,9 @@ from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, repor
 from streams.group_watch import GroupWatch
 from streams.commits import Commits
 from streams.on_log import Log
-from streams.patches import (patch_fetch_wait, patch_flow_control_resume, patch_recovery_seek_floor,
-                             patch_seek_uncommitted)
+from streams.patches import (patch_fetch_wait, patch_flow_control_resume, patch_perform_seek,
+                             patch_recovery_seek_floor)
+from streams.read_order import ReadOrder
 from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -37,7 +38,7 @@ def faust_app(settings: Settings) -> faust.App:
     # spin (0.7–0.9 core a worker); one that holds it (Kafka, Tansu) waits no longer.
     honour_fetch_wait()
     patch_flow_control_resume()
-    patch_seek_uncommitted()
+    patch_perform_seek()
     patch_recovery_seek_floor()
     app = faust.App(
         settings.app_id,
@@ -73,7 +74,8 @@ def faust_app(settings: Settings) -> faust.App:
         web_in_thread=False,
     )
     app.fetch_wait_ms = round(settings.fetch_wait * 1000)
-    # The pipeline's topics: a partition of them with no commit is read from its start (patch_seek_uncommitted).
+    # The pipeline's topics: a partition of them with no commit is read from its start, and every record of
+    # them reaches its runner in order (patch_perform_seek, streams/read_order.py).
     app.read_from_start = frozenset((settings.topic_episodes, settings.topic_requests, settings.topic_reflections))
     return app
 
@@ -94,6 +96,7 @@ def create_app(settings: Settings) -> Runtime:
     pipeline.install(runtime)
     runtime.ownership.install(app)
     runtime.commits = Commits(app)
+    runtime.read_order = app.read_order = ReadOrder(app)
     runtime.log = Log(settings, app)
     runtime.commits.install(app)
     watch_broker(runtime)

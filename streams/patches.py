@@ -56,10 +56,11 @@ def patch_flow_control_resume() -> None:
     FlowControlEvent.resume = resume_if_suspended
 
 
-def patch_seek_uncommitted() -> None:
+def patch_perform_seek() -> None:
     """After Faust seeks its stream partitions to their commits (at every
     assignment, once the tables are recovered), seek each one that has no
-    commit to its beginning.
+    commit to its beginning, and tell the app's `read_order` where each
+    pipeline partition now reads from (streams/read_order.py).
 
     aiokafka's seek_to_committed leaves a partition with no commit (or a
     commit at 0) where its position is. Records fetched there before the seek
@@ -76,18 +77,24 @@ def patch_seek_uncommitted() -> None:
     if getattr(perform_seek, "patched", False):
         return
 
-    async def perform_seek_from_start(self) -> None:
+    async def perform_seek_and_report(self) -> None:
         await perform_seek(self)
-        # _committed_offset: what perform_seek just read (None: no commit, or 0)
-        uncommitted = [tp for tp in self.assignment() if not self._committed_offset.get(tp)
-                       and tp.topic in getattr(self.app, "read_from_start", ())]
+        pipeline = [tp for tp in self.assignment() if tp.topic in getattr(self.app, "read_from_start", ())]
+        # _committed_offset: what perform_seek just read (None: no commit, or 0). Not the consumer's
+        # position: the fetcher runs meanwhile, and may have moved it past records not yet delivered.
+        targets = {tp: self._committed_offset.get(tp) for tp in pipeline}
+        uncommitted = [tp for tp, offset in targets.items() if not offset]
         if uncommitted:
             earliest = await self.earliest_offsets(*uncommitted)
             for tp in uncommitted:
-                await self.seek(tp, earliest.get(tp) or 0)
+                targets[tp] = earliest.get(tp) or 0
+                await self.seek(tp, targets[tp])
+        order = getattr(self.app, "read_order", None)
+        if order is not None:
+            order.sought(targets)
 
-    perform_seek_from_start.patched = True
-    Consumer.perform_seek = perform_seek_from_start
+    perform_seek_and_report.patched = True
+    Consumer.perform_seek = perform_seek_and_report
 
 
 def patch_recovery_seek_floor() -> None:

@@ -122,6 +122,7 @@ class Runtime:
     _locks: list = dataclasses.field(default_factory=lambda: [asyncio.Lock() for _ in range(USER_LOCKS)])
     ownership: Any = None  # streams/ownership.Ownership: which partitions are this worker's, and whole
     commits: Any = None  # streams/commits.Commits (a worker's; None in the tests' in-memory one)
+    read_order: Any = None  # streams/read_order.ReadOrder (a worker's; None in the in-memory one)
     log: Any = None  # streams/on_log.Log: what the log holds, asked before a rerun publishes again
     rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
 

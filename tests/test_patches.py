@@ -15,7 +15,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
-from streams.patches import patch_fetch_wait, patch_recovery_seek_floor, patch_seek_uncommitted
+from streams.patches import patch_fetch_wait, patch_perform_seek, patch_recovery_seek_floor
+from streams.read_order import ReadOrder
 
 
 def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_attribute():
@@ -32,13 +33,14 @@ def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_
 @pytest.mark.integration
 @pytest.mark.broker
 def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
-    """patch_seek_uncommitted: a stream partition with no commit whose
+    """patch_perform_seek: a stream partition with no commit whose
     position moved past its first records is read from its start once Faust
     seeks its partitions to their commits (without the patch it stays where
-    it was: a record fetched and dropped there is lost).
+    it was: a record fetched and dropped there is lost), and the app's
+    read order expects its next record there.
     patch_recovery_seek_floor: a recovery seek below -1 lands on 0 (without
     it aiokafka raises and Faust crashes the worker)."""
-    patch_seek_uncommitted()
+    patch_perform_seek()
     patch_recovery_seek_floor()
     topic = f"seek-{uuid.uuid4().hex[:8]}"
     tp = TP(topic, 0)
@@ -56,6 +58,7 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
                         broker_heartbeat_interval=settings.session_timeout / 6,
                         broker_rebalance_timeout=settings.rebalance_timeout)
         app.read_from_start = frozenset({topic})
+        app.read_order = ReadOrder(app)
 
         @app.agent(app.topic(topic, value_serializer="raw", partitions=1, acks=False))
         async def sink(stream):
@@ -71,6 +74,7 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
             moved = await app.consumer.position(tp)
             await app.consumer.perform_seek()
             sought = await app.consumer.position(tp)
+            assert app.read_order.expected[tp] == sought  # where the runner reads next (streams/read_order.py)
             # patch_recovery_seek_floor: below -1 is read from 0, as -1 (aiokafka refuses a negative seek)
             await app.tables.recovery._seek_offsets(app.consumer, {tp}, Counter({tp: -2}), "active")
             return moved, sought, await app.consumer.position(tp)

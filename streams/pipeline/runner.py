@@ -18,6 +18,7 @@ from streams import compaction, metrics
 from streams.runtime import Runtime
 
 log = logging.getLogger("reflect")
+AUDIT_AFTER = 1.0  # seconds between a waiting runner's looks for dropped records (streams/read_order.py)
 
 
 class HandedOver(BaseException):
@@ -41,6 +42,7 @@ class Runner:
         the batch alone, such as embedding its texts), so the cores do not sit
         idle while a batch waits on the broker's acknowledgements."""
         settings = self.runtime.settings
+        self.topic = stream.channel.get_topic_name()
         batches = stream.noack_take(settings.projector_batch, within=settings.projector_within)
         ahead = asyncio.ensure_future(self.read_ahead(batches))
         try:
@@ -88,9 +90,24 @@ class Runner:
         commits.handled(events)
 
     async def read_ahead(self, batches):
-        events = await batches.__anext__()
+        while not (events := await self.read(batches)):
+            pass
         admitted = await self.admit(events)
         return events, admitted, asyncio.ensure_future(self.prepared(admitted))
+
+    async def read(self, batches) -> list:
+        """The next batch, less what comes out of order (streams/read_order.py);
+        while it is awaited, a look every AUDIT_AFTER seconds for records
+        fetched and dropped on their way here."""
+        order = self.runtime.read_order
+        coming = asyncio.ensure_future(batches.__anext__())
+        try:
+            while order is not None and not (await asyncio.wait({coming}, timeout=AUDIT_AFTER))[0]:
+                await order.audit(self.topic)
+            events = await coming
+        finally:
+            coming.cancel()  # a run that stops reads nothing more
+        return events if order is None else await order.in_order(events)
 
     async def prepared(self, admitted: list[tuple[Event, Any]]) -> Any:
         """`prepare`'s result, or None when it failed: `handle` then does the
