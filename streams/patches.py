@@ -105,8 +105,9 @@ def patch_recovery_seek_floor() -> None:
     "FIXME ... offset-1 discrepancy"). Seen under the chaos suite: a worker
     that joined and was handed a second assignment 2 s later got a lower
     offset for a changelog partition just created, aiokafka refused the seek
-    ("Offset must be a positive integer") and Faust crashed the worker.
-    Below 0 means what -1 means: nothing of the partition read yet.
+    ("Offset must be a positive integer") and Faust crashed the worker; in
+    another run a standby partition's offset was None, with the same end.
+    Below 0, or None, means what -1 means: nothing of the partition read yet.
     """
     from collections import Counter
 
@@ -117,7 +118,7 @@ def patch_recovery_seek_floor() -> None:
         return
 
     async def seek_offsets_from_zero(self, consumer, tps, offsets, title) -> None:
-        floored = Counter({tp: max(offsets[tp], -1) for tp in tps})  # Faust's own counts left as they are
+        floored = Counter({tp: max(-1 if offsets[tp] is None else offsets[tp], -1) for tp in tps})
         await seek_offsets(self, consumer, tps, floored, title)
 
     seek_offsets_from_zero.patched = True
