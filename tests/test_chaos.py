@@ -728,13 +728,7 @@ class ChaosViolation(AssertionError):
 
 
 # Seen (tests/benchmarks/README.md, "Chaos"): 7 of 20 runs before Reflect
-# committed its own offsets; 1 of 100 at 7680c71 (a worker crashed by
-# Faust's recovery seek, patched since in 7aa0d41), with no violation of the
-# data in any. Kept non-strict until 100 runs on the patched pipeline show
-# none: only a violation is expected to fail here, any other error fails.
-@pytest.mark.xfail(strict=False, raises=ChaosViolation, reason=(
-    "issue 30: 1 of 100 runs at 7680c71 (a worker crashed in Faust's recovery, patched in 7aa0d41); "
-    "100 runs on the patched pipeline are yet to be made"))
+# committed its own offsets; 0 of 100 at 21618a3.
 @pytest.mark.chaos
 @pytest.mark.integration
 @needs_rejoin
