@@ -47,6 +47,29 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, every: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+
+async def until(condition: Callable[[], object], what: str, timeout: float = 30, every: float = 0.05) -> None:
+    """`wait_for` inside an event loop: the loop runs while it polls."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout} s"
+        await asyncio.sleep(every)
+
+
+def one_partition_app(settings: Settings, name: str, topic: str):
+    """A bare Faust app on the test broker whose `topic` is a pipeline topic
+    (read from its start, streams/patches.py): for tests that drive Faust's
+    consumer directly."""
+    import faust
+
+    app = faust.App(name, broker=settings.broker, web_enabled=False, store="memory://", autodiscover=False,
+                    topic_partitions=1, broker_session_timeout=settings.session_timeout,
+                    broker_heartbeat_interval=settings.session_timeout / 6,
+                    broker_rebalance_timeout=settings.rebalance_timeout)
+    app.read_from_start = frozenset({topic})
+    return app
+
+
 def docker_containers(selection: str):
     """testcontainers' DockerContainer, once a Docker engine answers.
 

@@ -9,12 +9,12 @@ import inspect
 import uuid
 from collections import Counter
 
-import faust
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
+from conftest import one_partition_app, until
 from streams.patches import patch_fetch_wait, patch_perform_seek, patch_recovery_seek_floor
 from streams.read_order import ReadOrder
 
@@ -53,11 +53,7 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
                 await (await producer.send(topic, b"record %d" % i, partition=0))
         finally:
             await producer.stop()
-        app = faust.App(f"seek-{topic}", broker=settings.broker, web_enabled=False, store="memory://",
-                        autodiscover=False, topic_partitions=1, broker_session_timeout=settings.session_timeout,
-                        broker_heartbeat_interval=settings.session_timeout / 6,
-                        broker_rebalance_timeout=settings.rebalance_timeout)
-        app.read_from_start = frozenset({topic})
+        app = one_partition_app(settings, f"seek-{topic}", topic)
         app.read_order = ReadOrder(app)
 
         @app.agent(app.topic(topic, value_serializer="raw", partitions=1, acks=False))
@@ -66,10 +62,7 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
                 pass
         await app.start()
         try:
-            deadline = asyncio.get_running_loop().time() + 60
-            while tp not in app.consumer.assignment():
-                assert asyncio.get_running_loop().time() < deadline, "the partition was never assigned"
-                await asyncio.sleep(0.1)
+            await until(lambda: tp in app.consumer.assignment(), "the partition assigned", timeout=60)
             await app.consumer.seek(tp, 2)  # past its first records, as after a fetch that was dropped
             moved = await app.consumer.position(tp)
             await app.consumer.perform_seek()

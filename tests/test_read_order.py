@@ -9,11 +9,11 @@ import asyncio
 import uuid
 from types import SimpleNamespace
 
-import faust
 import pytest
 from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
+from conftest import one_partition_app, until
 from streams.patches import patch_perform_seek
 from streams.pipeline.runner import Runner
 from streams.read_order import ReadOrder
@@ -21,17 +21,10 @@ from streams.read_order import ReadOrder
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 
-async def until(condition, what: str, timeout: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout} s"
-        await asyncio.sleep(0.05)
-
-
 def read_through(settings, ordered: bool) -> list[int]:
     """Offsets the runner's `read` hands on, while a gap and then a dropped
-    last record are made: the position moved past record 3 before it was
-    fetched, and past record 6 once it was on the log."""
+    last record are made: the position moved past record 3, and past
+    record 6, each once it was on the log and before it was fetched."""
     patch_perform_seek()
     topic = f"order-{uuid.uuid4().hex[:8]}"
     tp = TP(topic, 0)
@@ -44,11 +37,7 @@ def read_through(settings, ordered: bool) -> list[int]:
             for i in offsets:
                 await (await producer.send(topic, b"record %d" % i, partition=0))
 
-        app = faust.App(f"order-{topic}", broker=settings.broker, web_enabled=False, store="memory://",
-                        autodiscover=False, topic_partitions=1, broker_session_timeout=settings.session_timeout,
-                        broker_heartbeat_interval=settings.session_timeout / 6,
-                        broker_rebalance_timeout=settings.rebalance_timeout)
-        app.read_from_start = frozenset({topic})
+        app = one_partition_app(settings, f"order-{topic}", topic)
         app.read_order = ReadOrder(app) if ordered else None
         runner = Runner(SimpleNamespace(read_order=app.read_order, settings=settings))
         runner.topic = topic
@@ -64,8 +53,12 @@ def read_through(settings, ordered: bool) -> list[int]:
         await app.start()
         try:
             await until(lambda: read[-1:] == [2], "records 0–2 read")
-            await app.consumer.seek(tp, 4)  # record 3 "fetched and dropped": the position is past it
+            # Paused while records 3–5 land, so that the seek stays within the log (past its end, aiokafka
+            # would reset to the earliest offset and read record 3 after all).
+            app.consumer.pause_partitions([tp])
             await produce(3, 4, 5)
+            await app.consumer.seek(tp, 4)  # record 3 "fetched and dropped": the position is past it
+            app.consumer.resume_partitions([tp])
             await until(lambda: read[-1:] == [5], "records 3–5 read")
             app.consumer.pause_partitions([tp])  # record 6 lands while nothing is fetched …
             await produce(6)
