@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from processors.tenants import DELIMITERS
+
 
 class SettingsError(ValueError):
     pass
@@ -186,6 +188,13 @@ def _level(raw: str) -> str:
     return _choice("debug", "info", "warning", "error", "critical")(raw.lower())
 
 
+def _ttl(raw: str) -> int:
+    # A duration as `reflect token mint --ttl` takes it; 0: no limit.
+    from streams.auth import seconds_of
+
+    return 0 if raw.strip() == "0" else seconds_of(raw)
+
+
 def _optional_url(raw: str) -> str | None:
     if raw == "":
         return None
@@ -309,6 +318,31 @@ SPECS: tuple[Spec, ...] = (
     Spec("insecure_no_auth", "REFLECT_INSECURE_NO_AUTH", "false", _flag,
          "true: start with no credential configured although `REFLECT_WEB_HOST` is not a loopback address "
          "(refused otherwise)."),
+    Spec("auth_audience", "REFLECT_AUTH_AUDIENCE", "", _optional,
+         "The `aud` a per-user token must name (empty: not checked; a token that names one is then refused)."),
+    Spec("auth_issuer", "REFLECT_AUTH_ISSUER", "", _optional,
+         "The `iss` a per-user token must name (empty: not checked)."),
+    Spec("auth_max_ttl", "REFLECT_AUTH_MAX_TTL", "30d", _ttl,
+         "Longest lifetime (`exp` − `iat`, or `exp` − now without `iat`) of a per-user token this worker "
+         "accepts: 90s, 15m, 1h, 30d (0: no limit). `reflect token mint` refuses a longer `--ttl`."),
+    Spec("cluster_secret", "REFLECT_CLUSTER_SECRET", "", _auth_secret,
+         "Secret (32 bytes at least) that signs the short-lived assertion a worker forwards a read with, "
+         "instead of the caller's token (empty: derived from `REFLECT_AUTH_SECRET` or `REFLECT_API_TOKEN`; "
+         "needed when only a public key verifies tokens)."),
+    Spec("web_tls_cert_file", "REFLECT_WEB_TLS_CERT_FILE", "", _file,
+         "PEM certificate (chain) the HTTP API serves TLS with (with `REFLECT_WEB_TLS_KEY_FILE`; empty: plain "
+         "HTTP). The advertised URL is then https."),
+    Spec("web_tls_key_file", "REFLECT_WEB_TLS_KEY_FILE", "", _file,
+         "PEM private key of `REFLECT_WEB_TLS_CERT_FILE`."),
+    Spec("cluster_ca_file", "REFLECT_CLUSTER_CA_FILE", "", _file,
+         "PEM CA bundle that verifies the other workers' TLS certificates on forwarded reads (empty: the "
+         "system's)."),
+    Spec("rate_limit", "REFLECT_RATE_LIMIT", "0", _non_negative_float,
+         "Requests per second one credential may make to one worker (a token bucket, `/healthz` and `/livez` "
+         "not counted); past it, 429 with Retry-After (0: no limit)."),
+    Spec("rate_burst", "REFLECT_RATE_BURST", "0", _count,
+         "Requests one credential may make at once before `REFLECT_RATE_LIMIT` paces it (0: twice the limit, "
+         "at least 1)."),
     Spec("max_request_bytes", "REFLECT_MAX_REQUEST_BYTES", "1048576", _positive_int,
          "Largest request body the API reads; a larger one is answered 413."),
     Spec("log_format", "REFLECT_LOG_FORMAT", "text", _choice("text", "json"),
@@ -334,6 +368,13 @@ SPECS: tuple[Spec, ...] = (
          "Tokens one user's cycles may spend per UTC day (0: no limit, explicitly)."),
     Spec("daily_tokens", "REFLECT_DAILY_TOKENS", "5000000", _count,
          "Tokens all cycles may spend per UTC day, split evenly over partitions (0: no limit, explicitly)."),
+    Spec("tenant_daily_tokens", "REFLECT_TENANT_DAILY_TOKENS", "1000000", _count,
+         "Tokens one tenant's cycles may spend per UTC day, split evenly over partitions like "
+         "`REFLECT_DAILY_TOKENS`, so users of one tenant never spend another's share of a partition "
+         "(0: no limit, explicitly)."),
+    Spec("tenant_delimiter", "REFLECT_TENANT_DELIMITER", ":", _choice(*DELIMITERS),
+         "A user id's tenant is its part before the first of this character (`acme:1` → `acme`); an id "
+         "without one is a tenant of its own."),
     Spec("breaker_failures", "REFLECT_BREAKER_FAILURES", "3", _positive_int,
          "Consecutive cycles the API fails (after retries) before the breaker opens."),
     Spec("breaker_cooldown", "REFLECT_BREAKER_COOLDOWN", "60.0", _positive_float,
@@ -452,6 +493,14 @@ def _replication_problem(values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _tls_problem(values: Mapping[str, Any]) -> str | None:
+    """A certificate without its key (or the reverse) serves nothing."""
+    cert, key = values["web_tls_cert_file"], values["web_tls_key_file"]
+    if bool(cert) != bool(key):
+        return f"invalid settings: {_named('web_tls_cert_file')} and {_named('web_tls_key_file')} go together"
+    return None
+
+
 def _rotation_problem(values: Mapping[str, Any]) -> str | None:
     """A previous key without a current one is a rotation half done: refused."""
     for previous, current in (("auth_previous_secret", "auth_secret"),
@@ -501,6 +550,15 @@ class Settings:
     auth_public_key_file: str | None
     auth_previous_public_key_file: str | None
     insecure_no_auth: bool
+    auth_audience: str | None
+    auth_issuer: str | None
+    auth_max_ttl: int
+    cluster_secret: Secret | None
+    web_tls_cert_file: str | None
+    web_tls_key_file: str | None
+    cluster_ca_file: str | None
+    rate_limit: float
+    rate_burst: int
     max_request_bytes: int
     log_format: str
     log_level: str
@@ -513,6 +571,8 @@ class Settings:
     anthropic_price: tuple[float, ...] | None
     user_daily_tokens: int
     daily_tokens: int
+    tenant_daily_tokens: int
+    tenant_delimiter: str
     breaker_failures: int
     breaker_cooldown: float
     refresh: str
@@ -548,7 +608,8 @@ class Settings:
                 raise SettingsError(
                     f"invalid setting {spec.name} ({source}={shown}): {exc}"
                 ) from None
-        problem = _broker_security_problem(values) or _rotation_problem(values) or _replication_problem(values)
+        problem = (_broker_security_problem(values) or _rotation_problem(values) or _replication_problem(values)
+                   or _tls_problem(values))
         if problem:
             raise SettingsError(problem)
         if values["recall_min_score"] is None:  # the embedder's own: cosines differ in band per model
@@ -595,7 +656,8 @@ class Settings:
         if self.advertised_url:
             return self.advertised_url
         host = socket.gethostname() if self.web_host in ("0.0.0.0", "::", "[::]") else self.web_host
-        return f"http://{host}:{self.web_port}"
+        scheme = "https" if self.web_tls_cert_file else "http"
+        return f"{scheme}://{host}:{self.web_port}"
 
     @property
     def view_dir(self) -> Path:

@@ -105,6 +105,11 @@ def test_production_defaults_are_safe():
     ({"REFLECT_API_TOKEN": "short"}, "REFLECT_API_TOKEN"),
     ({"REFLECT_API_TOKEN": "has spaces in it, 32 characters"}, "REFLECT_API_TOKEN"),
     ({"REFLECT_WEB_HOST": "every interface"}, "REFLECT_WEB_HOST"),
+    ({"REFLECT_AUTH_MAX_TTL": "a week"}, "REFLECT_AUTH_MAX_TTL"),
+    ({"REFLECT_RATE_LIMIT": "-1"}, "REFLECT_RATE_LIMIT"),
+    ({"REFLECT_TENANT_DELIMITER": "+"}, "REFLECT_TENANT_DELIMITER"),
+    ({"REFLECT_CLUSTER_SECRET": "short"}, "REFLECT_CLUSTER_SECRET"),
+    ({"REFLECT_WEB_TLS_CERT_FILE": CAFILE}, "REFLECT_WEB_TLS_KEY_FILE"),
 ])
 def test_a_wrong_production_value_fails_naming_the_setting(env, named):
     with pytest.raises(SettingsError, match=named):
@@ -233,3 +238,11 @@ def test_the_embedder_choice_and_its_own_recall_floor():
     assert s.recall_min_score == 0.5 and Settings.load(env=s.child_env()).recall_min_score == 0.5
     with pytest.raises(SettingsError, match="REFLECT_EMBEDDER"):
         Settings.load(env={"REFLECT_EMBEDDER": "bge"})
+
+
+def test_token_lifetimes_and_the_served_scheme():
+    assert Settings.load(env={}).auth_max_ttl == 30 * 86400
+    assert Settings.load(env={"REFLECT_AUTH_MAX_TTL": "0"}).auth_max_ttl == 0  # no limit
+    assert Settings.load(env={"REFLECT_AUTH_MAX_TTL": "15m"}).auth_max_ttl == 900
+    tls = Settings.load(env={"REFLECT_WEB_TLS_CERT_FILE": CAFILE, "REFLECT_WEB_TLS_KEY_FILE": CAFILE})
+    assert tls.canonical_url.startswith("https://") and Settings.load(env={}).canonical_url.startswith("http://")
