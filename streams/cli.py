@@ -103,14 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     for reader in (explain, rebuild, recall, beliefs, stats):
         reader.add_argument("--api", default=None, help=(
             f"a running Reflect API (default: REFLECT_API, else reflect up's {UP_API})"))
-    mcp = commands.add_parser("mcp", help="serve Reflect as MCP tools (stdio or streamable HTTP) over a running API")
+    mcp_about = ("serve Reflect as MCP tools over a running API: on stdio with the launching user's "
+                 "REFLECT_API_TOKEN, or on streamable HTTP where every request brings its own bearer token, "
+                 "passed on to the API unchanged")
+    mcp = commands.add_parser("mcp", help=mcp_about, description=mcp_about + ".")
     mcp.add_argument("--api", default=None, help=f"the Reflect API (default: REFLECT_API, else reflect up's {UP_API})")
     mcp.add_argument("--user", default=None, help=(
         "act for this user only (default: REFLECT_MCP_USER; unset: every call names its user_id)"))
-    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                     help="stdio (launched by the MCP client, the default) or streamable HTTP at /mcp")
-    mcp.add_argument("--host", default="127.0.0.1", help="interface of --transport http (default 127.0.0.1)")
+    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio", help=(
+        "stdio (launched by the MCP client, the default) or streamable HTTP at /mcp: a request without "
+        "Authorization: Bearer is refused (401); REFLECT_AUTH_SECRET, REFLECT_AUTH_PUBLIC_KEY_FILE or "
+        "REFLECT_API_TOKEN, if set, verify bearers here too, and are never sent for a caller"))
+    mcp.add_argument("--host", default="127.0.0.1", help=(
+        "interface of --transport http (default 127.0.0.1); any other refuses to start without the keys above"))
     mcp.add_argument("--port", type=int, default=8765, help="port of --transport http (default 8765)")
+    mcp.add_argument("--insecure-no-auth", action="store_true", help=(
+        "knowingly serve a non-loopback --host without verifying bearers here (REFLECT_INSECURE_NO_AUTH=true); "
+        "the API still verifies each one"))
     bench = commands.add_parser("bench", help=(
         "run every benchmark, each figure beside a baseline measured in the same run (from a source checkout)"))
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
@@ -213,7 +222,7 @@ def _run(args: argparse.Namespace) -> int:
             print("reflect: error: reflect mcp needs the mcp extra: pip install 'reflect-stream[mcp]'", file=sys.stderr)
             return 2
         return serve(args.api, args.user or os.environ.get("REFLECT_MCP_USER") or None, args.transport,
-                     args.host, args.port)
+                     args.host, args.port, args.insecure_no_auth)
     if args.command in READS:
         return _read(args)
     if args.command == "settings" and args.markdown:  # what the code defines, whatever this environment sets

@@ -2,23 +2,46 @@
 SDK, over stdio or streamable HTTP.
 
 It holds no state of its own: every tool is one call of the public client
-(streams/client.py) to a running Reflect API, under that API's auth. Stdio
-serves the user who launched it: its REFLECT_API_TOKEN (the shared token or
-a per-user JWT) and `--user`. Over streamable HTTP each session may bring its
-own: an `Authorization: Bearer` header is passed on to the API, and an
-`X-Reflect-User` header scopes the session to one user. Without a scope,
-each call names its `user_id`; a call naming another user than its scope's
-is refused here, before the API would refuse it.
+(streams/client.py) to a running Reflect API, under that API's auth.
+
+- Stdio serves the user who launched it, with that user's credential: its
+  REFLECT_API_TOKEN (the shared token or a per-user JWT) and `--user`.
+- Over streamable HTTP no caller borrows another's credential. Every request
+  brings its own `Authorization: Bearer` token, and that token, unchanged, is
+  what the API receives; a request without one is refused (401) by the SDK's
+  RequireAuthMiddleware. The process's own REFLECT_API_TOKEN is never sent on
+  anyone's behalf: with the API's verification keys in the environment
+  (REFLECT_AUTH_SECRET, REFLECT_AUTH_PUBLIC_KEY_FILE, or REFLECT_API_TOKEN as
+  the shared admin token) a bearer is verified here first, else any
+  well-formed bearer is passed on and the API verifies it (as it verifies
+  every call anyway). A non-loopback `--host` without such keys refuses to
+  start (`exposure_problem`), unless `--insecure-no-auth` is given knowingly.
+
+Sessions are scoped to one user by `--user`, else (HTTP) by an
+`X-Reflect-User` header; without a scope each call names its `user_id`. A
+call naming another user than its scope's is refused here. A scope only
+narrows: what a call may do is decided by the API, on the caller's token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import re
 from typing import Any
 
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from streams.client import AsyncReflectClient, ReflectApiError, ReflectError
+from streams.auth import AuthError, Keys, credential_of, keys_of, loopback
+from streams.client import AsyncReflectClient, ReflectApiError, ReflectError, api_url
+from streams.settings import Settings, SettingsError
+
+log = logging.getLogger("reflect.mcp")
 
 INSTRUCTIONS = """Reflect is this user's long-term memory: episodes (what happened) and beliefs
 (patterns consolidated from episodes, each citing its evidence). Record notable episodes
@@ -34,18 +57,84 @@ MEMORY_KEYS = ("id", "kind", "text", "score", "occurred_at", "evidence_ids")  # 
 
 USER_HEADER = "X-Reflect-User"  # on streamable HTTP: the one user of the session that sends it
 MAX_CLIENTS = 256  # API clients kept, one per bearer token seen
+# One header token of visible ASCII: anything else could not reach the API as
+# the same token (a space would split it, a control character end the header).
+WELL_FORMED = re.compile(r"[!-~]{1,8192}")
+
+
+# --------------------------------------------------------------- who is calling (HTTP)
+
+def access_of(token: str, keys: Keys) -> AccessToken:
+    """What the SDK records of a request's bearer; AuthError if it is refused here.
+
+    With keys, the token must verify as the API would verify it (its grant's
+    scopes and subject are reported); without, any well-formed token passes
+    and the API, which verifies every call, decides. The principal is a digest
+    of the token itself: the SDK binds a session to the principal that opened
+    it, so a session is never carried on under another credential."""
+    if not WELL_FORMED.fullmatch(token):
+        raise AuthError(401, "the bearer token is not one token of visible ASCII")
+    principal = "bearer-" + hashlib.sha256(token.encode()).hexdigest()[:32]
+    if not keys.configured:
+        return AccessToken(token=token, client_id=principal, scopes=[])
+    grant = credential_of(f"Bearer {token}", keys)
+    return AccessToken(token=token, client_id=principal, scopes=sorted(grant.scopes),
+                       subject=grant.subject or None, claims={"users": list(grant.users)})
+
+
+class BearerVerifier:
+    """The SDK's TokenVerifier over `access_of`: None (401) for a refused token."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            return access_of(token, self.keys)
+        except AuthError as exc:
+            log.info("bearer token refused: %s", exc.message)  # the caller sees 401 only, as from the API
+            return None
+
+
+def exposure_problem(host: str, verifying: bool, insecure: bool) -> str | None:
+    """Why `reflect mcp --transport http` must not start: it would listen beyond
+    loopback and pass any bearer token on to the API unchecked, a relay for
+    anyone who reaches the port to try tokens against an API they may not reach."""
+    if loopback(host) or verifying or insecure:
+        return None
+    return (f"refusing to start: reflect mcp would listen on {host} (--host) and pass every bearer token on to "
+            "the Reflect API unchecked. Set the API's verification keys so tokens are checked here too: "
+            "REFLECT_AUTH_SECRET or REFLECT_AUTH_PUBLIC_KEY_FILE for per-user tokens, or REFLECT_API_TOKEN for "
+            "the shared admin token; or bind 127.0.0.1; or, knowingly, REFLECT_INSECURE_NO_AUTH=true "
+            "(--insecure-no-auth)")
+
+
+# --------------------------------------------------------------- for whom, with what
+
+def user_of(scope: str | None, named: str | None) -> str:
+    """The user a call acts for: its session's scope, else the user it names."""
+    if scope:
+        if named not in (None, "", scope):
+            raise ToolError(f"this session acts for user {scope!r} only")
+        return scope
+    if not named:
+        raise ToolError("user_id is required: this session is not scoped to one user "
+                        f"(reflect mcp --user, or the {USER_HEADER} header)")
+    return named
 
 
 class Sessions:
     """For each call, the user it acts for and the client it calls with.
 
-    The user: the server's (`--user`), else the HTTP session's X-Reflect-User
-    header, else the call's `user_id`; a call naming another is refused. The
-    credential: the HTTP request's own bearer token, passed on to the API,
-    else the server's REFLECT_API_TOKEN (stdio: the launching user's)."""
+    The user: `user_of` the server's `--user`, else the HTTP session's
+    X-Reflect-User header, and the call's `user_id`. The credential: on
+    stdio the launching user's REFLECT_API_TOKEN; over HTTP the request's
+    own bearer token, and nothing else (its clients never read the
+    environment's token)."""
 
-    def __init__(self, api: str | None, user: str | None) -> None:
-        self.api, self.user = api, user
+    def __init__(self, api: str | None, user: str | None, http: bool = False) -> None:
+        # The URL is resolved here, once: REFLECT_API counts on every transport, REFLECT_API_TOKEN only on stdio.
+        self.api, self.user, self.http = api_url(api), user, http
         self._clients: dict[str, AsyncReflectClient] = {}
 
     def client(self, token: str | None) -> AsyncReflectClient:
@@ -53,21 +142,22 @@ class Sessions:
         if key not in self._clients:
             if len(self._clients) >= MAX_CLIENTS:  # the oldest token's client goes; its pool with it
                 self._clients.pop(next(iter(self._clients)))
-            self._clients[key] = AsyncReflectClient(self.api, token)
+            self._clients[key] = AsyncReflectClient(self.api, token, env={} if self.http else os.environ)
         return self._clients[key]
+
+    def token(self) -> str | None:
+        """The request's own bearer over HTTP; None on stdio (the client's own lookup)."""
+        if not self.http:
+            return None
+        access = get_access_token()
+        if access is None:  # RequireAuthMiddleware lets no such request through; never lend one
+            raise ToolError("this request brought no bearer token (Authorization: Bearer <token>)")
+        return access.token
 
     def of(self, ctx: Context | None, user_id: str | None) -> tuple[AsyncReflectClient, str]:
         headers = getattr(ctx.request_context.request if ctx else None, "headers", None) or {}
-        fixed = self.user or headers.get(USER_HEADER)
-        if fixed:
-            if user_id not in (None, "", fixed):
-                raise ToolError(f"this session acts for user {fixed!r} only")
-            user_id = fixed
-        if not user_id:
-            raise ToolError("user_id is required: this session is not scoped to one user "
-                            f"(reflect mcp --user, or the {USER_HEADER} header)")
-        bearer = headers.get("authorization", "")
-        return self.client(bearer[7:].strip() if bearer[:7].lower() == "bearer " else None), user_id
+        user = user_of(self.user or headers.get(USER_HEADER), user_id)
+        return self.client(self.token()), user
 
 
 async def _through(call) -> Any:
@@ -81,9 +171,11 @@ async def _through(call) -> Any:
         raise ToolError(str(exc)) from None
 
 
-def build(sessions: Sessions) -> MCPServer:
-    """The MCP server: five tools, each one call of the client `sessions` picks."""
-    server = MCPServer("reflect", instructions=INSTRUCTIONS)
+def build(sessions: Sessions, keys: Keys | None = None) -> MCPServer:
+    """The MCP server: five tools, each one call of the client `sessions` picks;
+    over HTTP behind the SDK's bearer auth, verified with `keys` (none: by the API)."""
+    auth = _bearer_auth(sessions.api, keys or Keys()) if sessions.http else {}
+    server = MCPServer("reflect", instructions=INSTRUCTIONS, **auth)
 
     @server.tool()
     async def record_episode(text: str, importance: float = 0.5, user_id: str | None = None,
@@ -134,15 +226,36 @@ def build(sessions: Sessions) -> MCPServer:
     return server
 
 
-def serve(api: str | None, user: str | None, transport: str, host: str, port: int) -> int:
-    """Run until stopped: stdio for a client that launches it, streamable HTTP at http://host:port/mcp."""
-    import logging
+def _bearer_auth(api: str, keys: Keys) -> dict[str, Any]:
+    """The SDK's resource-server auth: every request needs a bearer `BearerVerifier` accepts.
+    The API is the issuer (its keys sign and verify the tokens). No resource_server_url:
+    Reflect is no OAuth authorization server, so no metadata sends clients looking for one,
+    and tokens carry no resource to validate."""
+    return {"token_verifier": BearerVerifier(keys),
+            "auth": AuthSettings(issuer_url=api, resource_server_url=None, validate_token_resource=False)}
 
+
+def verification_keys() -> tuple[Keys, bool]:
+    """The API's verification keys this process holds, and whether REFLECT_INSECURE_NO_AUTH is set."""
+    settings = Settings.load()
+    try:
+        return keys_of(settings), settings.insecure_no_auth
+    except ValueError as exc:  # an unreadable key file: refused like any bad setting
+        raise SettingsError(str(exc)) from None
+
+
+def serve(api: str | None, user: str | None, transport: str, host: str, port: int,
+          insecure_no_auth: bool = False) -> int:
+    """Run until stopped: stdio for a client that launches it, streamable HTTP at
+    http://host:port/mcp; SettingsError (exit 2) if HTTP must not start."""
     # httpx logs every request at INFO, user ids in its URLs: not for an MCP client's log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    server = build(Sessions(api, user))
     if transport == "stdio":
-        server.run("stdio")
-    else:
-        server.run("streamable-http", host=host, port=port)
+        build(Sessions(api, user)).run("stdio")
+        return 0
+    keys, insecure = verification_keys()
+    problem = exposure_problem(host, keys.configured, insecure_no_auth or insecure)
+    if problem:  # before the port is bound
+        raise SettingsError(problem)
+    build(Sessions(api, user, http=True), keys).run("streamable-http", host=host, port=port)
     return 0
