@@ -6,9 +6,11 @@ per process).
 The global budget is split evenly over the request partitions: each partition
 is owned by one worker, so the fleet can never spend more than the budget and
 no worker has to coordinate with another. The price is that one hot partition
-is cut off at its share while others have tokens left. Budgets are checked
-before a cycle: one already running finishes, so a day's spend can pass a
-limit by at most one cycle.
+is cut off at its share while others have tokens left. A tenant's budget is
+split the same way, and counted per partition, so the users of one tenant
+that hash to a partition cannot spend all of it: the tenants beside them keep
+theirs. Budgets are checked before a cycle: one already running finishes, so
+a day's spend can pass a limit by at most one cycle.
 """
 
 from __future__ import annotations
@@ -44,19 +46,30 @@ class Spend:
         return self if cycle == self.last else Spend(day, self.today(day) + tokens, cycle)
 
 
+def partition_share(daily: int, partitions: int) -> int:
+    """A partition's share of a daily budget (0: no limit); never 0 when there is a limit."""
+    return max(1, daily // partitions) if daily else 0
+
+
 @dataclass(frozen=True)
 class Budget:
     user_tokens: int = 0  # 0: no limit
     partition_tokens: int = 0
+    tenant_tokens: int = 0  # a tenant's share of one partition
 
     @classmethod
     def from_settings(cls, settings) -> "Budget":
-        share = max(1, settings.daily_tokens // settings.partitions) if settings.daily_tokens else 0
-        return cls(settings.user_daily_tokens, share)
+        return cls(settings.user_daily_tokens, partition_share(settings.daily_tokens, settings.partitions),
+                   partition_share(settings.tenant_daily_tokens, settings.partitions))
 
-    def refusal(self, user_spent: int, partition_spent: int) -> str | None:
+    def refusal(self, user_spent: int, partition_spent: int, tenant_spent: int = 0) -> str | None:
+        """Why a cycle may not run, the narrowest budget first, or None.
+        `tenant_spent` is the user's tenant's spend in this partition."""
         if self.user_tokens and user_spent >= self.user_tokens:
             return f"budget: this user's daily tokens are spent ({user_spent}/{self.user_tokens})"
+        if self.tenant_tokens and tenant_spent >= self.tenant_tokens:
+            return ("budget: this tenant's share of its daily tokens in this partition is spent "
+                    f"({tenant_spent}/{self.tenant_tokens})")
         if self.partition_tokens and partition_spent >= self.partition_tokens:
             return f"budget: this partition's share of the daily tokens is spent ({partition_spent}/{self.partition_tokens})"
         return None

@@ -37,7 +37,7 @@ class Tables:
 
     accumulators: Any  # user → Accumulator.to_dict(): the trigger and the recent window
     provenance: Any  # user → the invalidator's state (processors/invalidator.py)
-    spend: Any  # "user:<id>" / "partition:<n>" → Spend.to_dict(): tokens spent today
+    spend: Any  # "user:<id>" / "partition:<n>" / "tenant:<n>:<tenant>" → Spend.to_dict(): tokens spent today
     requests_done: Any  # user → the sequence number of the last request whose cycle is done and in the view
     last_cycle: Any  # user → what their last cycle made, or why nothing (streams/cycle_notes.py), for stats
     outcomes: Any  # user → the last cycle decided, stored before it is published: {"cycle_id", "events"}

@@ -35,6 +35,7 @@ from processors.invalidator import Invalidator, empty_state, placed
 from processors.projector import REFLECTION_TYPES, ReflectionProjector
 from processors.reasoners import Reasoner, Remembered
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
+from processors.tenants import tenant_of
 from schemas import (ChallengeRequested, Event, InvalidationRequested, ReflectionCycleCompleted, ReflectionRequested,
                      from_dict)
 from streams import metrics
@@ -51,8 +52,13 @@ def today() -> str:
     return day_of(datetime.now(timezone.utc))
 
 
-def spend_keys(request: ReflectionRequested, partition: int) -> tuple[str, str]:
-    return f"user:{request.user_id}", f"partition:{partition}"
+def spend_keys(request: ReflectionRequested, partition: int, delimiter: str) -> tuple[str, str, str]:
+    """The user's, the partition's and the user's tenant's keys in `reasoner-spend`,
+    in the order Budget.refusal takes their spend. A key's changelog partition
+    is the one it is written from, so a key written from many partitions (a
+    tenant's) names the partition: one writer each, nothing overwritten on recovery."""
+    return (f"user:{request.user_id}", f"partition:{partition}",
+            f"tenant:{partition}:{tenant_of(request.user_id, delimiter)}")
 
 
 class RequestsPipeline(Runner):
@@ -143,10 +149,13 @@ class RequestsPipeline(Runner):
         return await asyncio.to_thread(self.steps, request, recent, reasoner)
 
     def spent(self, request: ReflectionRequested, partition: int) -> list[Spend]:
-        """Tokens spent today by the user and by this partition's share (keys
-        of the requests topic's partitions: each has one writer)."""
+        """What the user, this partition and the user's tenant in it spent
+        (keys of the requests topic's partitions: each has one writer)."""
         spend = self.runtime.tables.spend
-        return [Spend.from_dict(spend.get(key)) for key in spend_keys(request, partition)]
+        return [Spend.from_dict(spend.get(key)) for key in self.spend_keys(request, partition)]
+
+    def spend_keys(self, request: ReflectionRequested, partition: int) -> tuple[str, str, str]:
+        return spend_keys(request, partition, self.runtime.settings.tenant_delimiter)
 
     def account(self, request: ReflectionRequested, completed, partition: int) -> None:
         """Once its events are in the log (a rerun charges nothing twice: Spend.charged):
@@ -154,7 +163,7 @@ class RequestsPipeline(Runner):
         runtime = self.runtime
         if completed.outcome != "refused":  # a refusal says nothing of the API
             runtime.breaker.record(completed.outcome == "unavailable", asyncio.get_running_loop().time())
-        for key, s in zip(spend_keys(request, partition), self.spent(request, partition)):
+        for key, s in zip(self.spend_keys(request, partition), self.spent(request, partition)):
             charged = s.charged(today(), tokens_of(completed.usage), request.cycle_id)
             write(runtime.tables.spend, partition, key, charged.to_dict())
         runtime.tally.add(completed)

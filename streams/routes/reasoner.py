@@ -17,7 +17,9 @@ class ReasonerState(View):
             "model": getattr(reasoner, "model", None),
             "batched": reasoner.batched,
             "breaker": {"state": breaker.state, "consecutive_failures": breaker.consecutive},
-            "budget": {"user_daily_tokens": budget.user_tokens, "partition_daily_tokens": budget.partition_tokens},
+            "budget": {"user_daily_tokens": budget.user_tokens, "partition_daily_tokens": budget.partition_tokens,
+                       # a tenant's share in each partition, as the partition's is the deployment's
+                       "tenant_partition_daily_tokens": budget.tenant_tokens},
             "cycles": tally.cycles, "calls": tally.calls, "tokens": tally.tokens,
             "cost_usd": round(tally.cost_usd, 6), "last_error": tally.last_error,
         })
