@@ -18,7 +18,7 @@ from processors import router
 from processors.embedders import make_embedder
 from processors.reasoners import make_reasoner
 from processors.view import EmbedderMismatch, open_view, stop_optimizing
-from streams import api, metrics, pipeline
+from streams import api, forwarding, metrics, pipeline
 from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch
@@ -27,6 +27,7 @@ from streams.on_log import Log
 from streams.patches import (patch_fetch_wait, patch_flow_control_resume, patch_perform_seek,
                              patch_recovery_seek_floor)
 from streams.read_order import ReadOrder
+from streams.routes.common import install_forwarding
 from streams.runtime import Runtime
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -40,6 +41,10 @@ def faust_app(settings: Settings) -> faust.App:
     patch_flow_control_resume()
     patch_perform_seek()
     patch_recovery_seek_floor()
+    try:
+        web_tls = forwarding.server_ssl(settings)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     app = faust.App(
         settings.app_id,
         broker=settings.broker,
@@ -68,11 +73,17 @@ def faust_app(settings: Settings) -> faust.App:
         web_host=settings.web_host,
         web_bind=settings.web_host,
         web_port=settings.web_port,
+        # TLS when REFLECT_WEB_TLS_CERT_FILE is set: canonical_url is https then.
+        web_ssl_context=web_tls,
         # Where the other workers forward a user's reads (streams/ownership.py).
         canonical_url=settings.canonical_url,
         web_application_options=api.web_options(settings),
         web_in_thread=False,
     )
+    try:  # forwarded reads: signed with the cluster key, over TLS when configured (streams/forwarding.py)
+        install_forwarding(app.web.web_app, settings, str(app.conf.canonical_url))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     app.fetch_wait_ms = round(settings.fetch_wait * 1000)
     # The pipeline's topics: a partition of them with no commit is read from its start, and every record of
     # them reaches its runner in order (patch_perform_seek, streams/read_order.py).

@@ -9,18 +9,20 @@ import contextlib
 import functools
 import logging
 import re
+import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import ClientError, ClientTimeout, web
+from aiohttp import ClientConnectorCertificateError, ClientError, ClientTimeout, web
 from faust.web import Request, Response, View
 from yarl import URL
 
 from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
 from schemas import ContractError, parse_time, schema_text
-from streams import auth
+from streams import auth, forwarding
 from streams.settings import SettingsError
 
 log = logging.getLogger("reflect.api")
@@ -98,7 +100,8 @@ def answers_json(handler):
 def owned(handler=None, *, tables: bool = True):
     """A read of one user's state, answered by the worker that owns the user
     (streams/ownership.py): here when this worker owns it and its answer is
-    whole, forwarded to the owner otherwise, 503 with Retry-After while the
+    whole, forwarded to the owner otherwise (with this worker's assertion,
+    never the caller's token: streams/forwarding.py), 503 with Retry-After while the
     group rebalances or the owner catches up — never an answer from a worker
     that does not hold the user. `tables=False`: the read needs only the view,
     which a Qdrant server shares, so any worker answers it then."""
@@ -119,22 +122,75 @@ def owned(handler=None, *, tables: bool = True):
             return await handler(self, request, user_id=user_id, **kwargs)
         if owner is None or FORWARDED in request.headers:  # the workers' maps disagree: mid-rebalance
             raise ApiError(503, "unavailable", "the workers are rebalancing partitions; retry", retry_after=1)
-        return await forward(self.app, request, owner, context(self).settings.refresh_timeout + FORWARD_SLACK)
+        return await forward(self.app, request, owner, user_id,
+                             context(self).settings.refresh_timeout + FORWARD_SLACK)
     return wrapped
 
 
-async def forward(app, request: Request, owner: str, timeout: float) -> web.Response:
-    """The owner's answer to the same read, as it gave it."""
-    headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "accept")}
-    headers[FORWARDED] = str(app.conf.canonical_url)
+@dataclass(frozen=True)
+class Forwarding:
+    """How this worker forwards reads and admits forwarded ones
+    (streams/forwarding.py); held by its aiohttp app under `FORWARDING`, where
+    the guard finds it. Built once, at start: the TLS context reads files."""
+    url: str  # this worker's canonical URL: the audience of assertions to it, the issuer of its own
+    keys: forwarding.ClusterKeys
+    client_ssl: ssl.SSLContext  # verifies the owner's certificate (an https owner)
+    tls: bool  # forward over TLS only
+    replays: forwarding.Replays
+
+
+FORWARDING = web.AppKey("reflect.forwarding", Forwarding)
+
+
+def install_forwarding(web_app: web.Application, settings, url: str) -> Forwarding:
+    """Give the worker's web server what forwarding needs; warn once, at
+    start, when forwarded reads cannot be signed (they answer 503 then)."""
+    state = Forwarding(url, forwarding.cluster_keys_of(settings), forwarding.client_ssl(settings),
+                       forwarding.tls_of(settings), forwarding.Replays())
+    if state.keys.problem:
+        log.warning("reads another worker must answer will fail (503): %s", state.keys.problem)
+    web_app[FORWARDING] = state
+    return state
+
+
+def forward_headers(request: Request, state: Forwarding, owner: str, user_id: str, now: float) -> dict[str, str]:
+    """What a forwarded read carries: never the caller's token (it stays on
+    the worker it reached, which has authorized the caller), but this
+    worker's assertion for the one user and scope, addressed to the owner;
+    nothing with auth off. 503 when it cannot be signed or must not go in clear."""
+    problem = forwarding.plain_problem(owner, state.tls) or (state.keys.problem if state.keys.auth_on else None)
+    if problem:
+        raise ApiError(503, "unavailable", f"cannot forward this read: {problem}")
+    headers = {k: v for k, v in request.headers.items() if k.lower() == "accept"}
+    headers[FORWARDED] = state.url
+    if state.keys.auth_on:
+        scope = auth.need_of(request.method, _route_of(request)).scope
+        headers[forwarding.HEADER] = forwarding.mint(state.keys.signing, user=user_id, scope=scope,
+                                                     audience=owner, issuer=state.url, now=now)
+    return headers
+
+
+async def forward(app, request: Request, owner: str, user_id: str, timeout: float) -> web.Response:
+    """The owner's answer to the same read, as it gave it. Its certificate
+    verified when it is https: one that does not verify is a 503, never a
+    retry over plain HTTP."""
+    state = request.app.get(FORWARDING)
+    if state is None:  # a web server not built by streams/app.py: refuse rather than forward unsigned
+        raise ApiError(503, "unavailable", "this worker cannot forward reads (forwarding is not set up)")
+    headers = forward_headers(request, state, owner, user_id, time.time())
     url = URL(owner).join(request.rel_url)
     try:
-        async with app.http_client.get(url, headers=headers, timeout=ClientTimeout(total=timeout)) as answer:
+        async with app.http_client.get(url, headers=headers, ssl=state.client_ssl,
+                                       timeout=ClientTimeout(total=timeout)) as answer:
             body = await answer.read()
             kept = {k: answer.headers[k] for k in ("Content-Type", "WWW-Authenticate", "Retry-After")
                     if k in answer.headers}
             return web.Response(body=body, status=answer.status, headers=kept)
-    except (ClientError, asyncio.TimeoutError) as exc:
+    except ClientConnectorCertificateError as exc:
+        log.warning("forwarding a read to %s: its certificate does not verify: %s", owner, exc.certificate_error)
+        raise ApiError(503, "unavailable", f"the worker that owns this user ({owner}) presented a certificate "
+                                           "that does not verify (REFLECT_CLUSTER_CA_FILE)") from None
+    except (ClientError, TimeoutError) as exc:
         raise ApiError(503, "unavailable", f"the worker that owns this user ({owner}) did not answer: "
                                            f"{type(exc).__name__}; retry", retry_after=1) from None
 
@@ -170,6 +226,8 @@ def admitted(request: web.Request, keys: auth.Keys) -> web.Response | None:
     need = auth.need_of(request.method, _route_of(request))
     if need is None or not keys.configured:
         return None
+    if forwarding.HEADER in request.headers:  # a read another worker forwards: its assertion, not a token
+        return assertion_refusal(request, need)
     header = request.headers.get("Authorization")
     try:
         grant = auth.credential_of(header, keys)
@@ -180,6 +238,34 @@ def admitted(request: web.Request, keys: auth.Keys) -> web.Response | None:
         return response
     error = auth.refusal(grant, need, request.match_info.get("user_id"))
     return _refused(error) if error else None
+
+
+FORWARDABLE = auth.Need("read", per_user=True)  # what `owned` forwards: a read of one user's state
+
+
+def assertion_refusal(request: web.Request, need: auth.Need) -> web.Response | None:
+    """The refusal of a forwarded read whose assertion does not admit it, else
+    None: admitted only on a per-user read, beside X-Reflect-Forwarded, signed
+    with the cluster key, addressed to this worker, for the route's user and
+    scope, unexpired and not seen before."""
+    state = request.app.get(FORWARDING)
+    if need != FORWARDABLE:
+        return _refused(auth.AuthError(401, "an assertion admits only a forwarded read of one user"))
+    if state is None or state.keys.problem:
+        problem = state.keys.problem if state is not None else "forwarding is not set up"
+        return _error_response(ApiError(503, "unavailable", f"this worker cannot admit forwarded reads: {problem}"))
+    issuer = request.headers.get(FORWARDED)
+    if not issuer:
+        return _refused(auth.AuthError(401, f"an assertion comes with {FORWARDED}"))
+    now = time.time()
+    try:
+        claims = forwarding.verify(request.headers[forwarding.HEADER], state.keys.verifying, audience=state.url,
+                                   issuer=issuer, user=request.match_info.get("user_id"), scope=need.scope, now=now)
+    except forwarding.Refused as refused:
+        return _refused(auth.AuthError(401, refused.message))
+    if not state.replays.first_use(str(claims["jti"]), claims["exp"], now):
+        return _refused(auth.AuthError(401, "the assertion has been used already"))
+    return None
 
 
 def _id_pattern() -> re.Pattern:
