@@ -3,6 +3,6 @@ resource; these names stay importable from here for the app and the tests."""
 
 from streams.routes import install
 from streams.routes.beliefs import belief, live_beliefs
-from streams.routes.common import ApiError, web_options
+from streams.routes.common import ApiError, keys_for, web_options
 
-__all__ = ["ApiError", "belief", "install", "live_beliefs", "web_options"]
+__all__ = ["ApiError", "belief", "install", "keys_for", "live_beliefs", "web_options"]

@@ -27,6 +27,7 @@ from streams.on_log import Log
 from streams.patches import (patch_fetch_wait, patch_flow_control_resume, patch_perform_seek,
                              patch_recovery_seek_floor)
 from streams.read_order import ReadOrder
+from streams.revocations import RevocationWatch
 from streams.routes.common import install_forwarding
 from streams.runtime import Runtime
 from streams.security import faust_credentials
@@ -41,6 +42,7 @@ def faust_app(settings: Settings) -> faust.App:
     patch_flow_control_resume()
     patch_perform_seek()
     patch_recovery_seek_floor()
+    keys = api.keys_for(settings)  # its revocations are filled by the RevocationWatch
     try:
         web_tls = forwarding.server_ssl(settings)
     except ValueError as exc:
@@ -77,9 +79,10 @@ def faust_app(settings: Settings) -> faust.App:
         web_ssl_context=web_tls,
         # Where the other workers forward a user's reads (streams/ownership.py).
         canonical_url=settings.canonical_url,
-        web_application_options=api.web_options(settings),
+        web_application_options=api.web_options(settings, keys),
         web_in_thread=False,
     )
+    app.keys = keys
     try:  # forwarded reads: signed with the cluster key, over TLS when configured (streams/forwarding.py)
         install_forwarding(app.web.web_app, settings, str(app.conf.canonical_url))
     except ValueError as exc:
@@ -112,6 +115,7 @@ def create_app(settings: Settings) -> Runtime:
     runtime.commits.install(app)
     watch_broker(runtime)
     app.add_dependency(GroupWatch(app, settings))
+    app.revocation_watch = app.add_dependency(RevocationWatch(app.keys.revoked, settings))
 
     @app.on_before_shutdown.connect
     async def close_view(app, **kwargs) -> None:

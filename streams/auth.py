@@ -6,9 +6,14 @@ every user, as before) or a JWT verified with PyJWT: HS256 with
 `REFLECT_AUTH_PUBLIC_KEY_FILE`; a second ("previous") secret or key is accepted
 at the same time, so keys rotate without a flag day. Its claims:
 
-- `users`: user ids, or `prefix*` patterns (`*` alone: every user);
+- `users`: user ids, or prefix patterns that end at a delimiter (`acme:*`
+  covers `acme:1`, never `acme2`; `*` alone: every user);
 - `scope`: space-separated `read`, `write`, `admin` (none implies another);
-- `exp`: required; an expired token is refused like a forged one (401).
+- `exp`: required; an expired token is refused like a forged one (401), and
+  so is one that lives longer than `REFLECT_AUTH_MAX_TTL`;
+- `aud`, `iss`: checked when `REFLECT_AUTH_AUDIENCE`, `REFLECT_AUTH_ISSUER`
+  are set;
+- `jti`: the id a token is revoked by (streams/revocations.py).
 
 Everything that decides is a pure function over plain data (`credential_of`,
 `need_of`, `refusal`); the guard middleware (streams/routes/common.py) is the
@@ -21,13 +26,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
+
+from processors.tenants import DELIMITERS
 
 SCOPES = ("read", "write", "admin")
 LEEWAY = 30  # seconds of clock skew tolerated on exp/nbf/iat between the minting host and a worker
@@ -64,11 +73,35 @@ class Key:
     material: Any  # the secret (bytes) or a cryptography public key
 
 
+class Revocations:
+    """Token ids revoked before their expiry, each kept until then: what the
+    revocations topic holds, as this worker has read it."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def add(self, jti: str, expires: float, now: float) -> None:
+        self._until = {j: e for j, e in self._until.items() if e + LEEWAY > now}  # expired tokens fail anyway
+        if expires + LEEWAY > now:
+            self._until[jti] = max(expires, self._until.get(jti, expires))
+
+    def __contains__(self, jti: object) -> bool:
+        return jti in self._until
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
 @dataclass(frozen=True)
 class Keys:
-    """Every credential a worker accepts; empty means auth is off."""
+    """Every credential a worker accepts, and the rules a token must meet;
+    no credential means auth is off."""
     shared_token: str | None = None
     signing: tuple[Key, ...] = ()
+    audience: str | None = None
+    issuer: str | None = None
+    max_ttl: int = 0  # seconds; 0: no limit
+    revoked: Revocations = field(default_factory=Revocations)
 
     @property
     def configured(self) -> bool:
@@ -110,7 +143,8 @@ def keys_of(settings) -> Keys:
         if path:
             public = public_key_from(path)
             signing.append(Key(algorithm_of(public), public))
-    return Keys(str(settings.api_token) if settings.api_token else None, tuple(signing))
+    return Keys(str(settings.api_token) if settings.api_token else None, tuple(signing), settings.auth_audience,
+                settings.auth_issuer, settings.auth_max_ttl)
 
 
 # --------------------------------------------------------------- credentials
@@ -128,6 +162,10 @@ def grant_of(claims: Mapping[str, Any]) -> Grant:
     users, scope = claims.get("users"), claims.get("scope")
     if not isinstance(users, list) or not users or not all(valid_pattern(u) for u in users):
         raise AuthError(401, "the token's `users` claim must be a non-empty list of user ids or prefix* patterns")
+    open_ended = next((u for u in users if not delimited(u)), None)
+    if open_ended is not None:
+        raise AuthError(401, f"the token's pattern {open_ended[:64]!r} has no delimiter before its `*`: "
+                             f"{UNDELIMITED}")
     words = scope.split() if isinstance(scope, str) else None
     if not words or not set(words) <= set(SCOPES):
         raise AuthError(401, f"the token's `scope` claim must be space-separated words of {', '.join(SCOPES)}")
@@ -137,6 +175,15 @@ def grant_of(claims: Mapping[str, Any]) -> Grant:
 def valid_pattern(pattern: Any) -> bool:
     """A user id, or a prefix followed by one `*` at the end."""
     return isinstance(pattern, str) and 0 < len(pattern) <= 256 and "*" not in pattern[:-1]
+
+
+UNDELIMITED = (f"a prefix must end at one of {' '.join(DELIMITERS)} (`acme:*` covers `acme:1`; `acme*` would "
+               "also cover `acme2`)")
+
+
+def delimited(pattern: str) -> bool:
+    """A user id, `*` alone, or a prefix that ends at a delimiter before its `*`."""
+    return not pattern.endswith("*") or pattern == "*" or pattern[-2:-1] in DELIMITERS
 
 
 def credential_of(header: str | None, keys: Keys) -> Grant:
@@ -159,7 +206,7 @@ def credential_of(header: str | None, keys: Keys) -> Grant:
     for key in candidates:  # the current key, then the previous one (rotation)
         try:
             claims = jwt.decode(token, key.material, algorithms=[key.algorithm], leeway=LEEWAY,
-                                options={"require": ["exp"], "verify_aud": False})
+                                audience=keys.audience, issuer=keys.issuer, options=_required(keys))
         except jwt.ExpiredSignatureError:
             expired = True  # signed by this key but too old: no other key makes it valid
             break
@@ -167,8 +214,31 @@ def credential_of(header: str | None, keys: Keys) -> Grant:
             continue
         except jwt.PyJWTError as exc:
             raise AuthError(401, f"the token is not valid: {exc}") from None
+        problem = lifetime_problem(claims, keys.max_ttl, time.time()) or revoked_problem(claims, keys.revoked)
+        if problem:
+            raise AuthError(401, problem)
         return grant_of(claims)
     raise AuthError(401, "the token has expired" if expired else "the token's signature does not verify")
+
+
+def _required(keys: Keys) -> dict[str, Any]:
+    """PyJWT's options: `exp` always; `aud` and `iss` when the worker names them."""
+    required = ["exp", *(["aud"] if keys.audience else []), *(["iss"] if keys.issuer else [])]
+    return {"require": required, "verify_aud": keys.audience is not None}
+
+
+def lifetime_problem(claims: Mapping[str, Any], max_ttl: int, now: float) -> str | None:
+    """Why a token lives too long: from `iat` (or now, without one) to `exp`."""
+    start = claims.get("iat") if isinstance(claims.get("iat"), (int, float)) else now
+    if max_ttl and claims["exp"] - start > max_ttl + LEEWAY:
+        return (f"the token lives {int(claims['exp'] - start)} s, longer than this worker accepts "
+                f"({max_ttl} s, REFLECT_AUTH_MAX_TTL)")
+    return None
+
+
+def revoked_problem(claims: Mapping[str, Any], revoked: Revocations) -> str | None:
+    jti = claims.get("jti")
+    return "the token has been revoked" if isinstance(jti, str) and jti in revoked else None
 
 
 # --------------------------------------------------------------- routes
@@ -198,6 +268,17 @@ def refusal(grant: Grant, need: Need, user_id: str | None) -> AuthError | None:
     return None
 
 
+def sees_details(header: str | None, keys: Keys) -> bool:
+    """Whether an open probe may say more than its status (stage errors,
+    partitions): to an admin credential, or to anyone when auth is off."""
+    if not keys.configured:
+        return True
+    try:
+        return "admin" in credential_of(header, keys).scopes
+    except AuthError:
+        return False
+
+
 # --------------------------------------------------------------- minting
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -213,17 +294,26 @@ def seconds_of(ttl: str) -> int:
     return int(number) * unit
 
 
-def claims_for(users: Iterable[str], scope: str, ttl_seconds: int, now: float, subject: str = "") -> dict[str, Any]:
-    """The claims of a new token; ValueError naming what is wrong."""
+def claims_for(users: Iterable[str], scope: str, ttl_seconds: int, now: float, subject: str = "",
+               max_ttl: int = 0, audience: str | None = None, issuer: str | None = None) -> dict[str, Any]:
+    """The claims of a new token, with a `jti` to revoke it by; ValueError
+    naming what is wrong (a token the workers would refuse is never minted)."""
     users = [u.strip() for u in users if u.strip()]
     if not users or not all(valid_pattern(u) for u in users):
         raise ValueError("--users: user ids or prefix* patterns, comma-separated")
+    open_ended = next((u for u in users if not delimited(u)), None)
+    if open_ended is not None:
+        raise ValueError(f"--users: {open_ended!r}: {UNDELIMITED}")
     words = scope.split()
     if not words or not set(words) <= set(SCOPES):
         raise ValueError(f"--scope: space-separated words of {', '.join(SCOPES)}")
+    if max_ttl and ttl_seconds > max_ttl:
+        raise ValueError(f"--ttl: {ttl_seconds} s is longer than the workers accept ({max_ttl} s, "
+                         "REFLECT_AUTH_MAX_TTL)")
     claims = {"users": users, "scope": " ".join(dict.fromkeys(words)), "iat": int(now),
-              "exp": int(now) + ttl_seconds}
-    return {**claims, "sub": subject} if subject else claims
+              "exp": int(now) + ttl_seconds, "jti": uuid.uuid4().hex}
+    named = {"sub": subject, "aud": audience, "iss": issuer}
+    return {**claims, **{k: v for k, v in named.items() if v}}
 
 
 def mint(claims: Mapping[str, Any], secret: str | None = None, private_key_pem: bytes | None = None) -> str:
@@ -234,6 +324,23 @@ def mint(claims: Mapping[str, Any], secret: str | None = None, private_key_pem: 
     if not secret:
         raise ValueError("no signing key: set REFLECT_AUTH_SECRET or pass --private-key")
     return jwt.encode(dict(claims), str(secret), algorithm="HS256")
+
+
+def revocation_of(token_or_jti: str, expires_at: str | None = None) -> dict[str, Any]:
+    """The body of `POST /v1/admin/revocations`: a token gives its own jti and
+    exp (read, not verified: revoking a forged token is harmless)."""
+    if token_or_jti.count(".") != 2:
+        return {"jti": token_or_jti, **({"expires_at": expires_at} if expires_at else {})}
+    try:
+        claims = jwt.decode(token_or_jti, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise ValueError(f"not a JWT: {exc}") from None
+    if not isinstance(claims.get("jti"), str):
+        raise ValueError("this token has no jti claim: it cannot be revoked alone (rotate its signing key)")
+    exp = claims.get("exp")
+    if expires_at is None and isinstance(exp, (int, float)):
+        expires_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
+    return {"jti": claims["jti"], **({"expires_at": expires_at} if expires_at else {})}
 
 
 # --------------------------------------------------------------- fail closed

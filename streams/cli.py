@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     mint.add_argument("--subject", default="", help="who the token is for (the sub claim, shown in logs)")
     mint.add_argument("--private-key", default=None, metavar="PEM",
                       help="RSA or EC P-256 private key file (the workers hold its public key)")
+    revoke = token_cmd.add_parser("revoke", help=(
+        "revoke a token before it expires, through a running API (admin): every worker refuses it once read"))
+    revoke.add_argument("token", metavar="TOKEN_OR_JTI", help="the token itself, or its jti claim")
+    revoke.add_argument("--expires-at", default=None, help=(
+        "RFC 3339 time the token expires (default: its exp when a token is given, else now + REFLECT_AUTH_MAX_TTL)"))
+    revoke.add_argument("--api", default=None, help=f"a running Reflect API (default: REFLECT_API, else {UP_API})")
     dlq = commands.add_parser("dlq", help="the dead letters: list them, replay them after a fix")
     dlq_cmd = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     dlq_list = dlq_cmd.add_parser("list", **settings_options, help="print the dead letters the filters select")
@@ -241,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "dlq":
         return _dlq(settings, args)
     if args.command == "token":
-        return _mint(settings, args)
+        return _mint(settings, args) if args.token_command == "mint" else _revoke(args)
     raise AssertionError(args.command)
 
 
@@ -358,12 +364,34 @@ def _mint(settings: Settings, args: argparse.Namespace) -> int:
 
     try:
         claims = auth.claims_for(args.users.split(","), args.scope, auth.seconds_of(args.ttl), time.time(),
-                                 args.subject)
+                                 args.subject, settings.auth_max_ttl, settings.auth_audience, settings.auth_issuer)
         pem = Path(args.private_key).read_bytes() if args.private_key else None
         print(auth.mint(claims, settings.auth_secret, pem))
     except (OSError, ValueError, TypeError) as exc:
         print(f"reflect: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from streams.auth import revocation_of
+    from streams.client import ReflectClient, ReflectError
+
+    try:
+        body = revocation_of(args.token, args.expires_at)
+    except ValueError as exc:
+        print(f"reflect: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with ReflectClient(args.api) as client:
+            answer = client.request("POST", "/v1/admin/revocations", body=body)
+    except ReflectError as exc:
+        print(f"reflect: error: {exc}", file=sys.stderr)
+        return 1
+    if answer.status != 202:
+        print(f"reflect: error: {answer.status} {answer.body}", file=sys.stderr)
+        return 1
+    print(f"revoked {answer.body['jti']} until {answer.body['expires_at']}")
     return 0
 
 

@@ -7,7 +7,7 @@
 
 `AsyncReflectClient` has the same methods, awaited. Both send the bearer token
 (`token=`, else REFLECT_API_TOKEN: the shared token or a per-user JWT), retry
-a 503 (honouring its Retry-After) and a connection failure with capped
+a 503 or a 429 (honouring its Retry-After) and a connection failure with capped
 backoff a bounded number of times, and raise `ReflectApiError` subclasses
 carrying the API's error `code` and `field`, or `ReflectUnreachable`.
 
@@ -36,12 +36,13 @@ from urllib.parse import quote
 import httpx
 
 from streams.client_results import (Accepted, Answer, Belief, Beliefs, Explanation, Forbidden, Health, Invalid,
-                                    Memory, NotFound, PromptBlock, Recall, ReflectApiError, ReflectError,
-                                    ReflectUnreachable, Stats, Unauthorized, Unavailable)
+                                    Memory, NotFound, PromptBlock, RateLimited, Recall, ReflectApiError,
+                                    ReflectError, ReflectUnreachable, Stats, Unauthorized, Unavailable)
 from streams.settings import UP_API
 
 DEFAULT_API = UP_API  # where `reflect up` serves by default
 RETRIED_STATUS = 503
+PACED_STATUS = 429  # over the rate limit: retried after its Retry-After, like a 503
 VISIBLE_POLL = 0.05  # seconds between reads while waiting for a write to be applied (no server push to wait on)
 # Only failures where the request may be sent again safely: it never left
 # (connect), or the answer never came for a read or a write that names what it
@@ -53,7 +54,7 @@ __all__ = ["ReflectClient", "AsyncReflectClient", "Retry", "api_url", "DEFAULT_A
            "Accepted", "Answer", "Belief", "Beliefs", "PromptBlock", "Memory", "Recall", "Explanation", "Stats",
            "Health",
            "ReflectError", "ReflectUnreachable", "ReflectApiError", "Invalid", "NotFound", "Unauthorized",
-           "Forbidden", "Unavailable"]
+           "Forbidden", "RateLimited", "Unavailable"]
 
 
 def api_url(explicit: str | None = None, env=os.environ) -> str:
@@ -68,7 +69,7 @@ def api_token(explicit: str | None = None, env=os.environ) -> str | None:
 @dataclass(frozen=True)
 class Retry:
     """How often and how long to retry: `attempts` tries in all, waits doubling
-    from `backoff` to `max_wait` seconds (with jitter), a 503's Retry-After
+    from `backoff` to `max_wait` seconds (with jitter), a 503's or 429's Retry-After
     honoured up to `max_retry_after`."""
     attempts: int = 5
     backoff: float = 0.25
@@ -156,7 +157,7 @@ class _Api:
         if call.raw or attempt + 1 >= self.retry.attempts:
             return False
         if isinstance(failure, ReflectApiError):
-            return failure.status == RETRIED_STATUS
+            return failure.status in (RETRIED_STATUS, PACED_STATUS)
         return isinstance(failure, CONNECT_ERRORS) or (call.repeatable and isinstance(failure, READ_ERRORS))
 
     def _final(self, failure: BaseException) -> BaseException:

@@ -65,7 +65,11 @@ class Unavailable(ReflectApiError):
     """503 still, after the retries: the broker, a rebalance, or a catching-up worker."""
 
 
-_BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 422: Invalid, 503: Unavailable}
+class RateLimited(ReflectApiError):
+    """429 still, after the retries: this credential is over the worker's rate limit."""
+
+
+_BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 422: Invalid, 429: RateLimited, 503: Unavailable}
 
 
 def _pick(data: dict[str, Any], *names: str) -> dict[str, Any]:

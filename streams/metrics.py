@@ -237,6 +237,13 @@ PIPELINE_STALLED = REGISTRY.add(Gauge(
     "1 while a pipeline stage retries a transient fault (view, broker or embedder not answering) and its "
     "partitions wait, 0 once it goes on (streams/pipeline/policy.py).",
     ("stage",)))
+RATE_LIMIT = REGISTRY.add(Gauge(
+    "reflect_rate_limit",
+    "The per-credential limit of this worker's API (REFLECT_RATE_LIMIT, REFLECT_RATE_BURST), by kind: "
+    "requests_per_second and burst; 0 when no limit is set (streams/routes/limits.py).",
+    ("kind",), initial=_each("kind", ("requests_per_second", "burst"))))
+RATE_LIMITED = REGISTRY.add(Counter(
+    "reflect_rate_limited_total", "Requests answered 429 because their credential was over its rate limit."))
 
 
 # --- hooks: one call each from streams/app.py --------------------------------

@@ -640,6 +640,11 @@ class Settings:
         return f"{self.topic_reflections}.dlq"
 
     @property
+    def topic_revocations(self) -> str:
+        """Token ids revoked before they expire (streams/revocations.py): one per deployment."""
+        return f"{self.app_id}.revocations"
+
+    @property
     def topics(self) -> tuple[str, ...]:
         """Every topic Reflect produces to, created up front with `partitions`."""
         return (
@@ -648,6 +653,7 @@ class Settings:
             self.topic_reflections,
             self.dlq_episodes,
             self.dlq_reflections,
+            self.topic_revocations,
         )
 
     @property

@@ -59,6 +59,8 @@ def topic_configs(name: str, settings: Settings) -> dict[str, str]:
         return {**KEEP_FOREVER, **durable}
     if name == settings.topic_requests:
         return {"retention.ms": REQUESTS_RETENTION_MS, "cleanup.policy": "delete", **durable}
+    if name == settings.topic_revocations:  # one record per token id is all a worker needs
+        return {"cleanup.policy": "compact", **durable}
     return durable
 
 

@@ -11,11 +11,13 @@ import time
 from dataclasses import replace
 
 import jwt
+import orjson
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from conftest import settings_env
+from streams.broker import free_port
 from streams import auth
 from streams.settings import Settings, SettingsError
 from test_api_hardening import EPISODE, call, error_of
@@ -98,6 +100,54 @@ def test_malformed_claims_are_refused_not_read_generously(claims, says):
     assert refused.value.status == 401 and says in refused.value.message
 
 
+def test_a_prefix_grant_ends_at_a_delimiter():
+    acme = auth.credential_of(f"Bearer {token(['acme:*'], 'read')}", keys(auth_secret=SECRET))
+    assert acme.covers("acme:1") and not acme.covers("acme2") and not acme.covers("acme")
+    for open_ended in ("acme*", "a*"):
+        with pytest.raises(auth.AuthError, match="no delimiter before its `\\*`") as refused:
+            auth.credential_of(f"Bearer {token(['ann', open_ended], 'read')}", keys(auth_secret=SECRET))
+        assert refused.value.status == 401 and "acme2" in refused.value.message
+        with pytest.raises(ValueError, match="acme2"):
+            auth.claims_for([open_ended], "read", 60, time.time())
+    for fine in ("*", "ann", *(f"acme{d}*" for d in "-_/.@:")):
+        assert auth.credential_of(f"Bearer {token([fine], 'read')}", keys(auth_secret=SECRET)).users == (fine,)
+
+
+def test_audience_issuer_lifetime_and_revocation():
+    strict = keys(auth_secret=SECRET, auth_audience="reflect-prod", auth_issuer="https://idp.example",
+                  auth_max_ttl=3600)
+    good = token(["ann"], "read", aud="reflect-prod", iss="https://idp.example", jti="t1")
+    assert auth.credential_of(f"Bearer {good}", strict).users == ("ann",)
+    for bad, says in ((token(["ann"], "read", aud="reflect-dev", iss="https://idp.example"), "audience"),
+                      (token(["ann"], "read", iss="https://idp.example"), "aud"),
+                      (token(["ann"], "read", aud="reflect-prod", iss="https://evil.example"), "issuer"),
+                      (token(["ann"], "read", aud="reflect-prod"), "iss"),
+                      (token(["ann"], "read", ttl=7200, aud="reflect-prod", iss="https://idp.example"),
+                       "REFLECT_AUTH_MAX_TTL")):
+        with pytest.raises(auth.AuthError, match=f"(?i){says}") as refused:
+            auth.credential_of(f"Bearer {bad}", strict)
+        assert refused.value.status == 401
+    # Without iat, the lifetime counts from now; unconfigured, aud and iss are not checked.
+    no_iat = jwt.encode({"users": ["ann"], "scope": "read", "exp": int(time.time()) + 7200}, SECRET, algorithm="HS256")
+    with pytest.raises(auth.AuthError, match="REFLECT_AUTH_MAX_TTL"):
+        auth.credential_of(f"Bearer {no_iat}", keys(auth_secret=SECRET, auth_max_ttl=3600))
+    assert auth.credential_of(f"Bearer {no_iat}", keys(auth_secret=SECRET, auth_max_ttl=0)).users == ("ann",)
+    assert auth.credential_of(f"Bearer {good}", keys(auth_secret=SECRET)).users == ("ann",)
+
+    strict.revoked.add("t1", time.time() + 3600, time.time())
+    with pytest.raises(auth.AuthError, match="revoked"):
+        auth.credential_of(f"Bearer {good}", strict)
+    assert auth.credential_of(f"Bearer {token(['ann'], 'read', aud='reflect-prod', iss='https://idp.example', jti='t2')}",
+                              strict).users == ("ann",)
+    # An expired revocation is forgotten (the token fails on exp anyway); minting honours the limits.
+    strict.revoked.add("old", time.time() - 3600, time.time())
+    assert "old" not in strict.revoked and len(strict.revoked) == 1
+    minted = auth.claims_for(["ann"], "read", 60, time.time(), max_ttl=3600, audience="reflect-prod")
+    assert minted["aud"] == "reflect-prod" and len(minted["jti"]) == 32
+    with pytest.raises(ValueError, match="REFLECT_AUTH_MAX_TTL"):
+        auth.claims_for(["ann"], "read", 7200, time.time(), max_ttl=3600)
+
+
 def test_credentials_expiry_signature_rotation_and_algorithm_pinning(tmp_path):
     current = keys(auth_secret=SECRET, auth_previous_secret=PREVIOUS, api_token=SHARED)
     assert auth.credential_of(f"Bearer {token(['ann'], 'read')}", current).users == ("ann",)
@@ -177,7 +227,8 @@ def test_token_mint_prints_a_token_the_worker_accepts(tmp_path):
     assert auth.credential_of(f"Bearer {signed.stdout.strip()}", keys(auth_public_key_file=es_public)) == \
         auth.Grant(("*",), frozenset({"admin"}))
     for args, says in ((["--scope", "read delete"], "--scope"), (["--ttl", "soon"], "duration"),
-                       (["--users", "a*b"], "--users")):
+                       (["--users", "a*b"], "--users"), (["--users", "acme*"], "acme2"),
+                       (["--ttl", "60d"], "REFLECT_AUTH_MAX_TTL")):
         base = {"--users": "ann", "--scope": "read", "--ttl": "1h"}
         base.update(dict(zip(args[::2], args[1::2])))
         bad = subprocess.run([sys.executable, "-m", "streams.cli", "token", "mint",
@@ -202,7 +253,7 @@ USER_ROUTES = [  # (method, path of ann, body, statuses with a token granting an
     ("GET", "/v1/users/{u}/stats", None, {200}),
 ]
 ADMIN_ROUTES = [("GET", "/v1/reasoner"), ("GET", "/v1/admin/rebuild"), ("POST", "/v1/admin/rebuild"),
-                ("GET", "/metrics"), ("GET", "/table/")]
+                ("POST", "/v1/admin/revocations"), ("GET", "/metrics"), ("GET", "/table/")]
 
 
 def test_a_worker_grants_each_token_its_users_and_scopes_only(worker, settings, tmp_path):
@@ -265,3 +316,42 @@ def test_an_exposed_worker_without_credentials_refuses_to_start(settings, worker
     assert "REFLECT_INSECURE_NO_AUTH     True" in flagged.stdout, flagged.stdout
     w = worker(replace(exposed, insecure_no_auth=True))  # knowingly open: it starts and serves
     assert w.get("/healthz")["status"] == "ok" and w.stats("ann")["episodes"] == 0
+
+
+def test_a_revoked_token_is_refused_at_once_and_by_a_worker_started_later(worker, settings, tmp_path):
+    env = {"REFLECT_AUTH_SECRET": SECRET, "REFLECT_API_TOKEN": SHARED}
+    first = worker(env=env)
+    revoked, kept = (auth.mint(auth.claims_for(["ann"], "read", 600, time.time()), SECRET) for _ in range(2))
+    jti = jwt.decode(revoked, options={"verify_signature": False})["jti"]
+    stats = "/v1/users/ann/stats"
+    assert call(settings.web_port, "GET", stats, token=revoked)[0] == 200
+
+    def revoke(body: dict, token: str = SHARED) -> tuple[int, dict]:
+        status, _, raw = call(settings.web_port, "POST", "/v1/admin/revocations", orjson.dumps(body), token=token)
+        return status, orjson.loads(raw)
+
+    assert revoke({"jti": jti}, token=revoked)[0] == 403  # revoking needs admin
+    for bad, field in (({}, "jti"), ({"jti": ""}, "jti"), ({"jti": jti, "expires_at": "soon"}, "expires_at"),
+                       ({"jti": jti, "expires_at": None}, "expires_at"),
+                       ({"jti": jti, "why": "leaked"}, "why")):
+        status, body = revoke(bad)
+        assert status == 422 and body["error"]["field"] == field, body
+    status, body = revoke({"jti": jti})
+    assert status == 202 and body["jti"] == jti and body["in_force_here"] is True, body
+    status, _, raw = call(settings.web_port, "GET", stats, token=revoked)
+    assert status == 401 and "revoked" in error_of(raw)["message"], raw
+    assert call(settings.web_port, "GET", stats, token=kept)[0] == 200
+
+    # A worker that starts later reads the revocation before it serves anything.
+    first.stop()
+    later = replace(settings, web_port=free_port(), data_dir=str(tmp_path / "later"))
+    worker(later, env=env)
+    assert call(later.web_port, "GET", stats, token=revoked)[0] == 401
+    assert call(later.web_port, "GET", stats, token=kept)[0] == 200
+
+    # `reflect token revoke` takes the token itself (its jti and exp), through the API.
+    cli = subprocess.run([sys.executable, "-m", "streams.cli", "token", "revoke", kept, "--api",
+                          f"http://127.0.0.1:{later.web_port}"], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "REFLECT_API_TOKEN": SHARED})
+    assert cli.returncode == 0 and jwt.decode(kept, options={"verify_signature": False})["jti"] in cli.stdout, cli
+    assert call(later.web_port, "GET", stats, token=kept)[0] == 401

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from conftest import Worker, read_topic, settings_env, wait_for
@@ -97,3 +98,42 @@ def test_a_view_down_for_five_seconds_loses_nothing_and_dead_letters_nothing(bro
     erased = [p for b in faulty["beliefs"].values() for p in b.values()
               if f"{p['user_id']}-12" in p["evidence_ids"]]
     assert erased and all(p["status"] == "invalid" and "text" not in p for p in erased)
+
+
+def test_healthz_tells_why_only_to_an_admin(broker, tmp_path):
+    """A stage's error can name hosts and topics: with auth on, an anonymous
+    probe learns `degraded` and nothing more; the admin token learns why."""
+    from test_api_hardening import call
+
+    token = "probe-admin-token-0123456789abcdef"
+    flag = tmp_path / "view-down"
+    settings = make_settings(broker.url, tmp_path, threshold=15.0, min_episodes=10, session_timeout=6.0)
+    asyncio.run(ensure_topics(settings))
+    worker = FaultyWorker(settings, tmp_path / "worker.log",
+                          {"REFLECT_TEST_VIEW_DOWN": str(flag), "REFLECT_API_TOKEN": token})
+    workers = Workers(tmp_path)
+    workers.started.append(worker)
+    try:
+        worker.launch()
+
+        def probe(credential: str | None) -> tuple[int, dict]:
+            try:
+                status, _, raw = call(settings.web_port, "GET", "/healthz", token=credential)
+            except OSError:  # not listening yet
+                return 0, {}
+            return status, orjson.loads(raw)
+
+        def degraded() -> tuple[int, dict] | None:
+            seen = probe(token)
+            return seen if seen[1].get("status") == "degraded" else None
+
+        wait_for(lambda: probe(None) == (200, {"status": "ok"}), 60, "/healthz ok")
+        flag.touch()
+        asyncio.run(publish(settings, history(users_by_partition(1, settings.partitions))[:4]))
+        admin = wait_for(degraded, 60, "/healthz degraded, seen by the admin")
+        assert admin[0] == 503 and admin[1]["stalled"], admin
+        assert probe(None) == (503, {"status": "degraded"})
+        assert probe("not-the-token-at-all-0123456789") == (503, {"status": "degraded"})
+    finally:
+        flag.unlink(missing_ok=True)
+        workers.stop_all()

@@ -1,11 +1,19 @@
-"""The rebuild of the view from the log: start one, follow it."""
+"""Operators' routes: the rebuild of the view from the log (start one, follow
+it), and the revocation of a token before it expires."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from datetime import datetime, timezone
+
 from faust.web import Request, Response, View
 
+from schemas import parse_time
+from streams import revocations
 from streams.rebuild import Progress, rebuild
-from streams.routes.common import ApiError, answers_json, context
+from streams.routes.common import ApiError, answers_json, context, json_body, known_fields
 
 
 class Rebuild(View):
@@ -26,4 +34,50 @@ class Rebuild(View):
         return self.json(progress.to_dict() if progress else {"state": "idle", "view": ctx.view.name})
 
 
-PAGES = {"/v1/admin/rebuild": Rebuild}
+REVOKE_FIELDS = {"jti", "expires_at"}
+REVOKE_WAIT = 10.0  # seconds the route waits to read its own revocation back
+FOREVER = 10 * 365 * 86400  # without REFLECT_AUTH_MAX_TTL a token may live any time: keep its revocation long
+
+
+def expiry_of(body: dict, max_ttl: int, now: float) -> float:
+    """When the revoked token expires: as given, else the longest any token accepted now lives."""
+    if "expires_at" not in body:
+        return now + (max_ttl or FOREVER)
+    raw = body["expires_at"]
+    try:
+        at = parse_time(raw) if isinstance(raw, str) else None
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise ApiError(422, "invalid", "must be an RFC 3339 time with a zone, e.g. 2026-06-01T09:00:00Z",
+                       "expires_at")
+    return at.timestamp()
+
+
+class Revocation(View):
+    @answers_json
+    async def post(self, request: Request) -> Response:
+        """Revoke a token by its `jti`: refused by every worker once each has read it."""
+        ctx = context(self)
+        body = known_fields(await json_body(request), REVOKE_FIELDS)
+        jti = body.get("jti")
+        if not isinstance(jti, str) or not 0 < len(jti) <= 128:
+            raise ApiError(422, "invalid", "the token id to revoke: a string of 1 to 128 characters", "jti")
+        expires = expiry_of(body, ctx.settings.auth_max_ttl, time.time())
+        topic = self.app.topic(ctx.settings.topic_revocations, key_serializer="raw", value_serializer="raw")
+        try:
+            sent = await asyncio.wait_for(topic.send(key=jti.encode(), value=revocations.record(jti, expires)),
+                                          REVOKE_WAIT)
+            await asyncio.wait_for(asyncio.shield(sent), REVOKE_WAIT)
+        except (asyncio.TimeoutError, OSError) as exc:
+            raise ApiError(503, "unavailable", f"the broker did not acknowledge the revocation: {exc!r}; retry "
+                                               "(revoking twice is harmless)", retry_after=1) from None
+        watch = self.app.revocation_watch
+        if expires > time.time():  # an expired token's revocation is ignored: nothing to wait for
+            with contextlib.suppress(asyncio.TimeoutError):
+                await watch.read_back(jti, REVOKE_WAIT)
+        shown = datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z")
+        return self.json({"jti": jti, "expires_at": shown, "in_force_here": jti in watch.revoked}, status=202)
+
+
+PAGES = {"/v1/admin/rebuild": Rebuild, "/v1/admin/revocations": Revocation}

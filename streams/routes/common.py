@@ -23,6 +23,7 @@ from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
 from schemas import ContractError, parse_time, schema_text
 from streams import auth, forwarding
+from streams.routes.limits import limit
 from streams.settings import SettingsError
 
 log = logging.getLogger("reflect.api")
@@ -319,19 +320,24 @@ def guard(keys: auth.Keys, limit: int):
     return middleware
 
 
-def web_options(settings) -> dict[str, Any]:
-    """faust.App(web_application_options=…): aiohttp's own body limit (what a
-    read of a chunked body stops at) and the guard. Every worker's web server
-    is built here, so this is where one exposed without credentials is refused."""
+def keys_for(settings) -> auth.Keys:
+    """The credentials every worker's web server checks. Built here, once, so
+    this is where a server exposed without credentials is refused."""
     problem = auth.exposure_problem(settings)
     if problem:
         raise SettingsError(problem)
     try:
-        keys = auth.keys_of(settings)
+        return auth.keys_of(settings)
     except (OSError, ValueError) as exc:
         raise SettingsError(f"invalid setting auth_public_key_file: {exc}") from None
+
+
+def web_options(settings, keys: auth.Keys) -> dict[str, Any]:
+    """faust.App(web_application_options=…): aiohttp's own body limit (what a
+    read of a chunked body stops at), the guard, and the rate limit."""
+    limited = limit(settings)  # after the guard: only admitted requests are counted
     return {"client_max_size": settings.max_request_bytes,
-            "middlewares": [guard(keys, settings.max_request_bytes)]}
+            "middlewares": [guard(keys, settings.max_request_bytes), *([limited] if limited else [])]}
 
 
 async def json_body(request: Request, required: bool = True) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from faust.web import Request, Response, View
 
-from streams import metrics
+from streams import auth, metrics
 from streams.routes.common import answers_json, context
 
 
@@ -13,19 +13,27 @@ class Health(View):
     their changelogs (reads would answer from empty state), while a
     partition just gained is caught up into the embedded view, and while a
     pipeline stage waits on a dependency (degraded: its partitions do not
-    advance, and it says which stage, since when and why)."""
+    advance). With auth configured, only an admin credential learns which
+    partitions or stages, since when and why (a stage's error can name hosts
+    and topics); anyone else, the status alone."""
 
     @answers_json
     async def get(self, request: Request) -> Response:
+        status, details = self.readiness()
+        if details and auth.sees_details(request.headers.get("Authorization"), self.app.keys):
+            return self.json({"status": status, **details}, status=503)
+        return self.json({"status": status}, status=200 if status == "ok" else 503)
+
+    def readiness(self) -> tuple[str, dict]:
         if self.app.rebalancing or not self.app.tables.recovery.completed.is_set():
-            return self.json({"status": "starting"}, status=503)
+            return "starting", {}
         catching_up = context(self).runtime.ownership.catching_up()
         if catching_up:
-            return self.json({"status": "starting", "catching_up": catching_up}, status=503)
+            return "starting", {"catching_up": catching_up}
         stalled = context(self).runtime.health.degraded()
         if stalled:
-            return self.json({"status": "degraded", "stalled": stalled}, status=503)
-        return self.json({"status": "ok"})
+            return "degraded", {"stalled": stalled}
+        return "ok", {}
 
 
 class Live(View):
