@@ -6,8 +6,9 @@ has a token bucket of `burst` requests refilled at `rate` per second. A
 request past it is answered 429 with Retry-After (whole seconds, RFC 9110)
 and never reaches a handler; other credentials are unaffected. The guard runs
 first, so only admitted requests are counted: a flood of bad tokens is
-refused there and never fills the map. Probes are never limited, nor is a
-forwarded read (its caller was counted by the worker it reached). Limits are
+refused there and never fills the map. Probes are never limited, nor (with
+auth on) is a forwarded read: its caller was counted by the worker it reached,
+and the guard admitted it on that worker's assertion. Limits are
 per worker: behind a load balancer over N workers a credential gets up to N
 times the rate.
 """
@@ -25,9 +26,9 @@ from aiohttp import web
 
 from streams import metrics
 from streams.auth import OPEN
+from streams.forwarding import HEADER as ASSERTION
 
 MAX_CALLERS = 10_000  # buckets kept; the least recently seen goes first (a full bucket is no loss)
-FORWARDED = "X-Reflect-Forwarded"
 
 
 @dataclass
@@ -70,13 +71,16 @@ def limit(settings):
     if not settings.rate_limit:
         return None
     limiter = Limiter(settings.rate_limit, settings.rate_burst)
+    # With auth on, a forwarded read without a bearer got past the guard on the entry worker's
+    # assertion, and its caller was counted there; with auth off anyone can send the header.
+    asserted = bool(settings.api_token or settings.auth_secret or settings.auth_public_key_file)
     metrics.RATE_LIMIT.set(limiter.rate, kind="requests_per_second")
     metrics.RATE_LIMIT.set(limiter.burst, kind="burst")
 
     @web.middleware
     async def middleware(request: web.Request, handler):
-        # Admitted without a bearer and forwarded: the guard verified the entry worker's assertion.
-        if request.path in OPEN or (FORWARDED in request.headers and "Authorization" not in request.headers):
+        if request.path in OPEN or (asserted and ASSERTION in request.headers
+                                    and "Authorization" not in request.headers):
             return await handler(request)
         wait = limiter.wait(caller_of(request), time.monotonic())
         if not wait:
