@@ -187,7 +187,9 @@ class Ownership:
         for e in events:
             tp = TopicPartition(e.message.topic, e.message.partition)
             offsets[tp] = max(offsets.get(tp, 0), e.message.offset + 1)
-        await asyncio.to_thread(self.watermarks.advance, self.runtime.view.name, offsets)
+        # A view write like the batch's own: a transient fault is retried, never a crash of the runner.
+        await self.runtime.policy.until_done(
+            "watermarks", lambda: asyncio.to_thread(self.watermarks.advance, self.runtime.view.name, offsets))
 
     async def _catch_up(self, p: int) -> None:
         """Transient failures are retried (and reported as a stalled stage);

@@ -100,8 +100,9 @@ async def publish(settings, events) -> None:
 
 
 def settled(worker, settings, events, users) -> bool:
-    """Every episode in the view, every cycle asked done, and every request on
-    the log answered by its audit event."""
+    """Every episode in the view, every cycle asked done, every request the
+    user asked done (a retraction's walk too, which has no audit event), and
+    every request on the log answered by its audit event."""
     asked, recorded = cycles_asked(events, users), {u: 0 for u in users}
     retracted = {u: len({e.episode_id for e in events if isinstance(e, EpisodeRetracted) and e.user_id == u})
                  for u in users}
@@ -110,7 +111,7 @@ def settled(worker, settings, events, users) -> bool:
     for u in users:
         stats = worker.stats(u)
         if (stats.get("episodes"), stats.get("retracted"), stats.get("cycles")) != \
-                (recorded[u] - retracted[u], retracted[u], asked[u]):
+                (recorded[u] - retracted[u], retracted[u], asked[u]) or stats["requests"] != stats["requests_done"]:
             return False
     requests = {e["cycle_id"] for e in read_events(settings, settings.topic_requests) if "cycle_id" in e}
     completed = {e["cycle_id"] for e in read_events(settings, settings.topic_reflections)  # a challenge's audit

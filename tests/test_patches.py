@@ -70,12 +70,17 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
             assert app.read_order.expected[tp] == sought  # where the runner reads next (streams/read_order.py)
             # patch_recovery_seek_floor: below -1, or None (a standby's offset not yet known), is read from 0,
             # as -1 (aiokafka refuses a negative seek, and None)
-            floored = []
+            # What recovery asks the consumer for, not its position after: the running agent fetches on.
+            asked, seek_wait = [], app.consumer.seek_wait
+
+            async def recorded(offsets):
+                asked.append(dict(offsets))
+                await seek_wait(offsets)
+
+            app.consumer.seek_wait = recorded
             for offset in (-2, None):
-                await app.consumer.seek(tp, 2)
                 await app.tables.recovery._seek_offsets(app.consumer, {tp}, Counter({tp: offset}), "standby")
-                floored.append(await app.consumer.position(tp))
-            return moved, sought, floored
+            return moved, sought, [a[tp] for a in asked]
         finally:
             await app.stop()
 
