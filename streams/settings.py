@@ -319,7 +319,7 @@ SPECS: tuple[Spec, ...] = (
          "true: start with no credential configured although `REFLECT_WEB_HOST` is not a loopback address "
          "(refused otherwise)."),
     Spec("auth_audience", "REFLECT_AUTH_AUDIENCE", "", _optional,
-         "The `aud` a per-user token must name (empty: not checked; a token that names one is then refused)."),
+         "The `aud` a per-user token must name (empty: not checked)."),
     Spec("auth_issuer", "REFLECT_AUTH_ISSUER", "", _optional,
          "The `iss` a per-user token must name (empty: not checked)."),
     Spec("auth_max_ttl", "REFLECT_AUTH_MAX_TTL", "30d", _ttl,

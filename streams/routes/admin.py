@@ -13,7 +13,7 @@ from faust.web import Request, Response, View
 from schemas import parse_time
 from streams import revocations
 from streams.rebuild import Progress, rebuild
-from streams.routes.common import ApiError, answers_json, context, json_body, known_fields
+from streams.routes.common import ApiError, answers_json, context, json_body, known_fields, send
 
 
 class Rebuild(View):
@@ -65,13 +65,7 @@ class Revocation(View):
             raise ApiError(422, "invalid", "the token id to revoke: a string of 1 to 128 characters", "jti")
         expires = expiry_of(body, ctx.settings.auth_max_ttl, time.time())
         topic = self.app.topic(ctx.settings.topic_revocations, key_serializer="raw", value_serializer="raw")
-        try:
-            sent = await asyncio.wait_for(topic.send(key=jti.encode(), value=revocations.record(jti, expires)),
-                                          REVOKE_WAIT)
-            await asyncio.wait_for(asyncio.shield(sent), REVOKE_WAIT)
-        except (asyncio.TimeoutError, OSError) as exc:
-            raise ApiError(503, "unavailable", f"the broker did not acknowledge the revocation: {exc!r}; retry "
-                                               "(revoking twice is harmless)", retry_after=1) from None
+        await send(topic, jti.encode(), revocations.record(jti, expires))  # 503 unacknowledged: revoke again
         watch = self.app.revocation_watch
         if expires > time.time():  # an expired token's revocation is ignored: nothing to wait for
             with contextlib.suppress(asyncio.TimeoutError):

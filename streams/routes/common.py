@@ -433,8 +433,13 @@ async def refreshed(ctx: Context, request: Request, user_id: str) -> dict[str, A
 
 
 async def publish(topic, event) -> None:
+    await send(topic, event.user_id.encode(), event.encode())
+
+
+async def send(topic, key: bytes, value: bytes) -> None:
+    """Publish and wait for the broker's acknowledgement; 503 when it does not come."""
     try:
-        sent = await asyncio.wait_for(topic.send(key=event.user_id.encode(), value=event.encode()), SEND_TIMEOUT)
+        sent = await asyncio.wait_for(topic.send(key=key, value=value), SEND_TIMEOUT)
         # Shielded: the 503 gives up waiting, not the send. Cancelling Faust's
         # future made its publish callback raise when the broker answered late.
         await asyncio.wait_for(asyncio.shield(sent), SEND_TIMEOUT)
