@@ -29,6 +29,11 @@ _TOKENIZERS = (
 )
 _TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 _MAX_TOKENS = 256  # the model's max_seq_length (the tokenizer.json itself says 128)
+# Texts are run in length order, in groups of at most _GROUP_TOKENS tokens once
+# padded to the group's longest: run 64 at a time in the order given and padded
+# to each run's longest, REALTALK's turns, whose lengths vary, embedded 4.8x
+# slower, short texts 1.14x (tests/benchmarks/README.md, "Embedding in groups").
+_GROUP_TOKENS = 512
 
 
 def _package_file(module: str, relative: str) -> Path | None:
@@ -77,12 +82,24 @@ def model_files() -> tuple[Path, Path]:
     )
 
 
+def groups(tokens: Sequence[Sequence[int]], budget: int) -> list[list[int]]:
+    """Indices of `tokens` in length order, cut into groups whose padded size
+    (members x the longest) stays within `budget`; a longer text goes alone."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(tokens)), key=lambda i: len(tokens[i])):
+        if out and (len(out[-1]) + 1) * len(tokens[i]) <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
 class MiniLMEmbedder:
     name = "minilm"
     dim = 384
 
-    def __init__(self, batch_size: int = 64) -> None:
-        self.batch_size = batch_size
+    def __init__(self, group_tokens: int = _GROUP_TOKENS) -> None:
+        self.group_tokens = group_tokens
         self._session = None
         self._tokenizer = None
         self._inputs: set[str] = set()
@@ -102,8 +119,7 @@ class MiniLMEmbedder:
             model, tokenizer_json = model_files()
             tokenizer = Tokenizer.from_file(str(tokenizer_json))
             tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-            # tokenizer.json pads every text to 128; pad to the batch's longest instead.
-            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+            tokenizer.no_padding()  # tokenizer.json pads every text to 128; _run pads a group
             options = ort.SessionOptions()
             options.intra_op_num_threads = os.cpu_count() or 1
             # No busy-waiting after a run: in a worker the spinning threads took
@@ -118,10 +134,12 @@ class MiniLMEmbedder:
             self._inputs = {i.name for i in session.get_inputs()}
             self._tokenizer, self._session = tokenizer, session
 
-    def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+    def _run(self, group: list[list[int]]) -> np.ndarray:
+        """Vectors of a group of token id lists, padded to the group's longest."""
+        ids = np.zeros((len(group), max(map(len, group))), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for row, tokens in enumerate(group):
+            ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, 1
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
         # Mean over real tokens only, then L2: the model's Pooling(mean) + Normalize.
@@ -135,9 +153,7 @@ class MiniLMEmbedder:
             return out
         if self._session is None:
             self._load()
-        texts = list(texts)
-        for start in range(0, len(texts), self.batch_size):
-            out[start : start + self.batch_size] = self._embed_batch(
-                texts[start : start + self.batch_size]
-            )
+        tokens = [e.ids for e in self._tokenizer.encode_batch(list(texts))]
+        for group in groups(tokens, self.group_tokens):
+            out[group] = self._run([tokens[i] for i in group])
         return out

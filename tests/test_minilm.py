@@ -7,7 +7,7 @@ pytest.importorskip(
     "onnxruntime", reason="the minilm extra is not installed: pip install 'reflect-stream[minilm]'"
 )
 
-from processors.minilm import MiniLMEmbedder, _verified  # noqa: E402
+from processors.minilm import MiniLMEmbedder, _verified, groups  # noqa: E402
 
 PARAPHRASES = [
     ("the deploy failed because the auth token expired",
@@ -42,8 +42,18 @@ def test_deterministic_and_independent_of_batching(embedder):
     texts = [t for pair in PARAPHRASES for t in pair]
     a = embedder.embed(texts)
     assert np.array_equal(a, embedder.embed(texts))
-    small = MiniLMEmbedder(batch_size=5).embed(texts)  # other sub-batches, other padding
+    small = MiniLMEmbedder(group_tokens=40).embed(texts)  # other sub-batches, other padding
     assert np.allclose(a, small, atol=1e-3)
+
+
+def test_groups_run_in_length_order_within_the_budget():
+    tokens = [[1] * n for n in (30, 3, 200, 3, 40, 300, 10)]
+    got = groups(tokens, budget=90)
+    assert sorted(i for g in got for i in g) == list(range(len(tokens)))
+    order = [len(tokens[i]) for g in got for i in g]
+    assert order == sorted(order)
+    assert all(len(g) * max(len(tokens[i]) for i in g) <= 90 for g in got if len(g) > 1)
+    assert [len(g) for g in got] == [3, 2, 1, 1]  # 3,3,10 | 30,40 | 200 | 300 alone over the budget
 
 
 def test_paraphrase_is_nearest_neighbour(embedder):
