@@ -125,6 +125,7 @@ class Runtime:
     read_order: Any = None  # streams/read_order.ReadOrder (a worker's; None in the in-memory one)
     log: Any = None  # streams/on_log.Log: what the log holds, asked before a rerun publishes again
     rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
+    router_ready: bool = False  # recall's router trained (streams/app.py): readiness waits for it
 
     @classmethod
     def build(cls, settings: Settings, app, view: VectorStore, embedder: Embedder, reasoner: Reasoner,

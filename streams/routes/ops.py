@@ -11,7 +11,8 @@ from streams.routes.common import answers_json, context
 class Health(View):
     """Readiness: 503 while partitions are assigned and tables recover from
     their changelogs (reads would answer from empty state), while a
-    partition just gained is caught up into the embedded view, and while a
+    partition just gained is caught up into the embedded view, while
+    recall's router is trained (streams/app.py), and while a
     pipeline stage waits on a dependency (degraded: its partitions do not
     advance). With auth configured, only an admin credential learns which
     partitions or stages, since when and why (a stage's error can name hosts
@@ -25,15 +26,23 @@ class Health(View):
         return self.json({"status": status}, status=200 if status == "ok" else 503)
 
     def readiness(self) -> tuple[str, dict]:
-        if self.app.rebalancing or not self.app.tables.recovery.completed.is_set():
-            return "starting", {}
-        catching_up = context(self).runtime.ownership.catching_up()
-        if catching_up:
-            return "starting", {"catching_up": catching_up}
-        stalled = context(self).runtime.health.degraded()
-        if stalled:
-            return "degraded", {"stalled": stalled}
-        return "ok", {}
+        runtime = context(self).runtime
+        recovering = self.app.rebalancing or not self.app.tables.recovery.completed.is_set()
+        return readiness(recovering, {} if recovering else runtime.ownership.catching_up(), runtime.router_ready,
+                         {} if recovering else runtime.health.degraded())
+
+
+def readiness(recovering: bool, catching_up: dict, router_ready: bool, stalled: dict) -> tuple[str, dict]:
+    """(status, details) of a worker in this state, first cause first."""
+    if recovering:
+        return "starting", {}
+    if catching_up:
+        return "starting", {"catching_up": catching_up}
+    if not router_ready:
+        return "starting", {"router": "training"}
+    if stalled:
+        return "degraded", {"stalled": stalled}
+    return "ok", {}
 
 
 class Live(View):
