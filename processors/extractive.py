@@ -299,3 +299,75 @@ def themes(statements: Sequence[str], vectors: np.ndarray, cut: float) -> list[T
     return sorted(out, key=lambda t: (-len(t.members), -t.cohesion, t.members))
 
 
+
+
+# ------------------------------------------------------------------ what a group shares
+
+_PREPOSITION = frozenset("in of for on at from with across into about by".split())  # not "to": "to retry"
+_DETERMINER = frozenset("the a an its their his her this that".split())
+_JOINS = frozenset("and or but so because after before until when while then".split())
+_PATH_WORDS = re.compile(r"^([A-Za-z]+(?:/[A-Za-z]+)*)/")  # "auth/session.py" → "auth": the where it says
+
+
+def varying(core: str, others: Sequence[str]) -> set[str]:
+    """The words in which `core` differs from another member that is the same
+    sentence with other values: its template's slots ("broke token refresh"
+    / "broke SSO callbacks"), which say which instance, not what recurs."""
+    mine = words(core)
+    out: set[str] = set()
+    for other in others:
+        theirs = words(other)
+        if one_template(mine, theirs):
+            out |= mine - theirs
+    return out
+
+
+def stated(core: str, slots: set[str] | frozenset[str] = frozenset(),
+           places: set[str] | frozenset[str] = frozenset()) -> str:
+    """What a group shares, in one member's words: its values (numbers, ids)
+    left out, and the phrases that say which instance — a place word
+    governed by a preposition ("in billing"), a template slot (`slots`, see
+    `varying`) as a prepositional object or a modifier ("the uploads
+    deploy" → "the deploy"). A slot that is a verb's object or a subject
+    stays ("broke SSO callbacks": without it the sentence says nothing); a
+    place word is left out only where it is where ("to retry" is what). A
+    path keeps the words of its directory ("auth/session.py" says auth).
+    Every word is the statement's own and in its order; nothing is added."""
+    tokens = []  # (head, value, tail), a path's directory as its value
+    for token in _TOKEN.findall(core):
+        head, value, tail = _PUNCTUATED.match(token).groups()
+        directory = _PATH_WORDS.match(value) if is_value(value) else None
+        tokens.append((head, directory.group(1) if directory else value, tail))
+    kinds = ["value" if is_value(v) else "slot" if _word(v) in slots else "place" if _word(v) in places else None
+             for _, v, _ in tokens]
+    gone = [False] * len(tokens)
+    i = 0
+    while i < len(tokens):
+        if kinds[i] is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(tokens) and kinds[j] == kinds[i] and not tokens[j - 1][2]:
+            j += 1
+        ends = j == len(tokens) or bool(tokens[j - 1][2]) or _word(tokens[j][1]) in _PREPOSITION | _JOINS
+        before = [_word(tokens[k][1]) if not tokens[k][2] else "," for k in range(max(0, i - 2), i)]
+        before = [","] * (2 - len(before)) + before
+        if before[1] in _PREPOSITION:
+            gone[i - 1:j] = [True] * (j - i + 1)  # "in billing", "in session.py": the phrase goes whole
+        elif before[0] in _PREPOSITION and before[1] in _DETERMINER and ends:
+            gone[i - 2:j] = [True] * (j - i + 2)  # "for the billing"
+        elif kinds[i] == "value":
+            gone[i:j] = [True] * (j - i)
+        elif kinds[i] == "slot" and before[1] in _DETERMINER and not ends and _word(tokens[j][1]) not in FUNCTION_WORDS:
+            gone[i:j] = [True] * (j - i)  # a modifier: "the uploads deploy" → "the deploy"
+        i = j
+    out: list[str] = []
+    for (head, value, tail), away in zip(tokens, gone):
+        if not away:
+            out.append(head + value + tail)
+        elif tail and out and not ("(" in head and ")" in tail):  # the phrase's closing punctuation stays
+            h, v, _ = _PUNCTUATED.match(out[-1]).groups()
+            out[-1] = h + v + tail.lstrip(")]")
+    text = " ".join(out)
+    text = text[:1].upper() + text[1:]
+    return text if len(words(text)) >= 3 else generalized(core)
