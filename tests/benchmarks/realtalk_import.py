@@ -1,7 +1,7 @@
 """A real conversational import through the HTTP API, with and without cycles (issue 30).
 
     python tests/benchmarks/realtalk_import.py [--conversations 2] [--posters 8] [--delay 5]
-        [--fresh stand-in,offline] [--embedder minilm|hashing] [--data DIR] [--json]
+        [--fresh stand-in,offline] [--embedder minilm|hashing] [--challenge on|off] [--data DIR] [--json]
     reflect bench --only import          (opt-in: not in a plain `reflect bench`)
 
 REALTALK's conversations (tests/benchmarks/realtalk.py; the first N, each
@@ -338,7 +338,8 @@ class Import:
 
 
 def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=("stand-in", "offline"),
-            data: str | None = None, keep: str | None = None, embedder: str = "minilm") -> dict:
+            data: str | None = None, keep: str | None = None, embedder: str = "minilm",
+            challenge: str | None = None) -> dict:
     convs = realtalk.load(data)[:conversations]
     texts = [t.text for c in convs for t in c.turns]
     batch = Settings.load(env={}).projector_batch
@@ -357,7 +358,8 @@ def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=
                 ("offline", {}, {"reasoner": "offline"}))
         try:
             for name, env, overrides in plan:
-                run = Import(name, broker, tmp, convs, posters, env, embedder, **overrides)
+                gate = {} if challenge is None else {"challenge": challenge}
+                run = Import(name, broker, tmp, convs, posters, env, embedder, **overrides, **gate)
                 try:
                     api.delay = delay
                     runs[name] = run.run(model if name == "stand-in" else None)
@@ -412,10 +414,13 @@ def main() -> None:
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the workers' data and logs there")
     parser.add_argument("--embedder", default="minilm", choices=sorted(EMBEDDERS),
                         help="the workers' and the baseline's (hashing: what the rest of an import costs)")
+    parser.add_argument("--challenge", choices=("on", "off"), default=None,
+                        help="the contradiction gate (REFLECT_CHALLENGE) in every import (default: the setting's)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args()
     result = measure(args.conversations, args.posters, args.delay,
-                     tuple(x for x in args.fresh.split(",") if x), args.data, args.keep, args.embedder)
+                     tuple(x for x in args.fresh.split(",") if x), args.data, args.keep, args.embedder,
+                     args.challenge)
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
         return
