@@ -384,8 +384,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("refresh_timeout", "REFLECT_REFRESH_TIMEOUT", "10.0", _positive_float,
          "Seconds a blocking read waits for due cycles before it answers, saying it is stale."),
     Spec("cycle_wait", "REFLECT_CYCLE_WAIT", "120.0", _positive_float,
-         "Seconds the contradiction and staleness gates (REFLECT_CHALLENGE, on by default; REFLECT_STALE_AFTER_DAYS, "
-         "off by default) wait for a user's asked cycles before judging new episodes against their beliefs (past it, "
+         "Seconds the contradiction and staleness gates (REFLECT_CHALLENGE, REFLECT_STALE_AFTER_DAYS; both off "
+         "by default) wait for a user's asked cycles before judging new episodes against their beliefs (past it, "
          "the gate goes on and its judgement may depend on timing). Late episodes and retractions never wait."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "", _optional_score,
          "Hybrid score (cosine + BM25 share, boosted) a live belief needs to be served for a pattern question, "
@@ -396,10 +396,11 @@ SPECS: tuple[Spec, ...] = (
          "`REFLECT_CITATION_FLOOR` such items (instruction-shaped items not counted) is dropped, the reason in "
          "its cycle's audit event (empty: the embedder's own, minilm 0.35, e5-small 0.85, hashing 0.05 — word "
          "overlap only)."),
-    Spec("challenge", "REFLECT_CHALLENGE", "on", _choice("on", "off"),
+    Spec("challenge", "REFLECT_CHALLENGE", "off", _choice("on", "off"),
          "The contradiction gate: new episodes that bear on a live belief ask for a challenge cycle whose "
-         "verdict is holds (reinforced), refined or contradicted (superseded); see processors/README.md, "
-         "\"Contradictions and staleness\"."),
+         "verdict is holds (reinforced), refined or contradicted (superseded). Off by default: it judges a "
+         "user's new episodes after the user's earlier cycles, so with it on ingest waits for the reasoner "
+         "(see processors/README.md, \"Contradictions and staleness\")."),
     Spec("challenge_min_score", "REFLECT_CHALLENGE_MIN_SCORE", "", _optional_cosine,
          "Cosine, to a belief's text or to the nearest evidence it cites, at which an episode challenges the "
          "belief (empty: the embedder's own, minilm 0.6, e5-small 0.93, hashing 0.32 — word overlap only)."),
