@@ -139,9 +139,7 @@ class OfflineReasoner:
             members = [m for m in theme.members if float(vectors[m] @ vectors[theme.first]) >= self.member_cut]
             held = [m for m in members if is_belief(statements[m])]
             cited = tuple(m + 1 for m in members if not is_belief(statements[m]))
-            if len(held) >= 2 and len(cited) < 2 and not self._copies([statements[m] for m in held]):
-                # Earlier beliefs from different evidence agree, in other words: a belief about them. The same
-                # sentence with other values would only be said a third time.
+            if len(held) >= 2:  # earlier beliefs from different evidence agree: a belief about them
                 out.append(Insight(beliefs_text(len(held), core_of(statements[theme.first])),
                                    tuple(m + 1 for m in held)))
                 continue
@@ -179,13 +177,6 @@ class OfflineReasoner:
         return cohesion(list(range(len(texts))), vectors @ vectors.T) >= self.cut and not self._named(texts, frozenset())
 
 
-    @staticmethod
-    def _copies(beliefs: Sequence[str]) -> bool:
-        """Beliefs that are one sentence with other values ("A test that fails on the wrong total came first",
-        "… on the missing row …")."""
-        sets = [words(core_of(b)) for b in beliefs]
-        return all(one_template(a, b) for k, a in enumerate(sets) for b in sets[k + 1:])
-
     def _shared(self, statements: Sequence[str], cited: Sequence[int], places: frozenset[str]) -> str:
         """What the cited statements share: each one's words with what says
         which instance left out (extractive.stated), and of those the one
@@ -214,8 +205,9 @@ class OfflineReasoner:
         rules see a shared subject; an auth docs update shares "auth" with
         reverted pull requests on auth and says nothing of reverts, and each
         such episode taken in makes the next look closer. None left: the
-        gate's false alarm."""
-        if answer.verdict != "holds":
+        gate's false alarm. Only with an embedder that reads meaning: feature
+        hashing's closeness is the word overlap the rules already judged."""
+        if answer.verdict != "holds" or not self.place_df:
             return answer
         places = self._places([*evidence, *challengers])
         said = self._vectors([belief, *evidence], places)

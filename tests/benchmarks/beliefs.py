@@ -5,8 +5,8 @@
 
 Each seed is one bundled three-month history (streams/sample.py, 2,100
 episodes, four planted patterns) run through the worker's own pipelines in
-memory (tests/sample_loop.py) with default settings — the contradiction gate
-on — over a real Qdrant Edge view and MiniLM, then scored as `reflect demo`
+memory (tests/sample_loop.py) with default settings (`--challenge on|off`
+sets the contradiction gate) over a real Qdrant Edge view and MiniLM, then scored as `reflect demo`
 scores (streams/score.py): per seed, patterns found, live beliefs, noise
 (beliefs resting mostly on background) and duplicates; then their
 distribution. The reported seeds start at `FIRST` (101): the offline reasoner
@@ -59,11 +59,12 @@ def reasoner_of(kind: str, embedder):
         server.close()
 
 
-def one_seed(seed: int, embedder, kind: str = "offline", stub: bool = False) -> dict:
+def one_seed(seed: int, embedder, kind: str = "offline", stub: bool = False, challenge: str | None = None) -> dict:
     hist = history(seed=seed)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"beliefs-{seed}-") as tmp, reasoner_of(kind, embedder) as reasoner:
-        beliefs = live_beliefs(hist, Path(tmp), embedder, Stub(embedder, hist) if stub else reasoner, 3600.0)
+        beliefs = live_beliefs(hist, Path(tmp), embedder, Stub(embedder, hist) if stub else reasoner, 3600.0,
+                               env={"REFLECT_CHALLENGE": challenge} if challenge else None)
     result = score(hist, beliefs, embedder)
     return {"seed": seed, "found": result["found"], "of": result["of"], "beliefs": result["beliefs"],
             "noise": result["noise"], "noise_share": round(result["noise"] / max(1, result["beliefs"]), 3),
@@ -83,19 +84,20 @@ def distribution(rows: list[dict]) -> dict:
             "per_pattern": {p: sum(r["patterns"][p] for r in rows) for p in rows[0]["patterns"]}}
 
 
-def measure(seeds: int = 20, kind: str = "offline", first: int = FIRST, stub: bool = True, log=sys.stderr) -> dict:
+def measure(seeds: int = 20, kind: str = "offline", first: int = FIRST, stub: bool = True, log=sys.stderr,
+            challenge: str | None = None) -> dict:
     from processors.minilm import MiniLMEmbedder
 
     embedder = MiniLMEmbedder()
     rows = []
     for seed in range(first, first + seeds):
-        rows.append(one_seed(seed, embedder, kind))
+        rows.append(one_seed(seed, embedder, kind, challenge=challenge))
         row = rows[-1]
         print(json.dumps(row), file=log, flush=True)
         print(f"seed {seed}: found {row['found']}/{row['of']}, {row['beliefs']} beliefs, {row['noise']} noise, "
               f"{row['duplicates']} duplicates ({row['seconds']} s)", file=log, flush=True)
     spread = distribution(rows)
-    stubbed = one_seed(first, embedder, stub=True)["found"] if stub else None
+    stubbed = one_seed(first, embedder, stub=True, challenge=challenge)["found"] if stub else None
     targets = [{"what": f"beliefs {name}", "value": value, "op": op, "limit": limit, "met": met}
                for name, value, op, limit, met in (
                    ("found, mean of 4", spread["found_mean"], ">=", TARGETS["found_mean"],
@@ -108,7 +110,8 @@ def measure(seeds: int = 20, kind: str = "offline", first: int = FIRST, stub: bo
                     spread["duplicates"] <= TARGETS["duplicates"]),
                    *((("stub found", stubbed, "<=", TARGETS["stub_found_max"], stubbed <= TARGETS["stub_found_max"]),)
                      if stub else ()))]
-    return {"reasoner": kind, "developed_on": list(DEVELOPED), "reported": [r["seed"] for r in rows],
+    return {"reasoner": kind, "challenge": challenge or "default", "developed_on": list(DEVELOPED),
+            "reported": [r["seed"] for r in rows],
             "distribution": spread, "stub_found": stubbed, "rows": rows, "targets": targets,
             "figures": [{"name": f"patterns found, mean ({kind})", "value": spread["found_mean"], "unit": "of 4",
                          **({"baseline": "stub", "baseline_value": stubbed,
@@ -125,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=FIRST)
     parser.add_argument("--reasoner", choices=("offline", "anthropic"), default="offline")
     parser.add_argument("--no-stub", action="store_true")
+    parser.add_argument("--challenge", choices=("on", "off"), default=None, help="the gate (default: the setting's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = measure(args.seeds, args.reasoner, args.first, stub=not args.no_stub)
+    result = measure(args.seeds, args.reasoner, args.first, stub=not args.no_stub, challenge=args.challenge)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
