@@ -97,3 +97,19 @@ def test_holds_cites_only_challengers_that_say_what_the_belief_says(minilm):
     review, _ = minilm.verdict(BELIEF, EVIDENCE, ["Reviewed the auth/session.py pull request with the user; "
                                                   "it was approved."])
     assert review.verdict == "holds"
+
+
+def test_the_many_seeds_figures_are_a_distribution_and_its_targets():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
+    import beliefs
+
+    row = lambda found, n, noise, dup, logs: {"found": found, "beliefs": n, "noise": noise,  # noqa: E731
+                                             "noise_share": round(noise / n, 3), "duplicates": dup,
+                                             "patterns": {"logs": {"found": logs}}}
+    spread = beliefs.distribution([row(1, 18, 6, 1, True), row(4, 10, 1, 0, True), row(3, 12, 2, 0, False)])
+    assert (spread["found_mean"], spread["found_min"], spread["found_histogram"]) == (2.67, 1, {1: 1, 3: 1, 4: 1})
+    assert (spread["noise_share_max"], spread["duplicates"], spread["per_pattern"]) == (0.333, 1, {"logs": 2})
+    assert 101 not in beliefs.DEVELOPED and beliefs.FIRST == 101  # reported seeds are never the developed ones

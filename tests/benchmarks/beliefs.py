@@ -69,7 +69,8 @@ def one_seed(seed: int, embedder, kind: str = "offline", stub: bool = False, cha
     return {"seed": seed, "found": result["found"], "of": result["of"], "beliefs": result["beliefs"],
             "noise": result["noise"], "noise_share": round(result["noise"] / max(1, result["beliefs"]), 3),
             "duplicates": result["duplicates"], "seconds": round(time.perf_counter() - started, 1),
-            "patterns": {p["pattern"]: p["found"] for p in result["patterns"]},
+            "patterns": {p["pattern"]: {k: p[k] for k in ("found", "cited", "precision", "about")}
+                         for p in result["patterns"]},
             "texts": [b["text"] for b in beliefs]}
 
 
@@ -81,7 +82,7 @@ def distribution(rows: list[dict]) -> dict:
             "noise_share_mean": round(statistics.mean(share), 3), "noise_share_max": max(share),
             "beliefs_mean": round(statistics.mean(r["beliefs"] for r in rows), 1),
             "duplicates": sum(r["duplicates"] for r in rows),
-            "per_pattern": {p: sum(r["patterns"][p] for r in rows) for p in rows[0]["patterns"]}}
+            "per_pattern": {p: sum(r["patterns"][p]["found"] for r in rows) for p in rows[0]["patterns"]}}
 
 
 def measure(seeds: int = 20, kind: str = "offline", first: int = FIRST, stub: bool = True, log=sys.stderr,
