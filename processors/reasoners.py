@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from processors.embedders import Embedder, HashingEmbedder
 from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of,
-                                   generalized, is_belief, place_words, question_about, routine, salient, stated,
-                                   themes, varying, without, words, one_template, cohesion, _word)
-from processors.challenge import FUNCTION_WORDS
+                                   generalized, is_belief, place_words, question_about, routine, salient, themes,
+                                   without)
 from processors.reflection import Insight
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ class OfflineReasoner:
     ever quoted."""
 
     name = "offline-extractive"
-    prompt_version = "extractive-v4"
+    prompt_version = "extractive-v3"
     batched = False  # it makes no calls, so there is nothing to save
     dated = True  # the reflector passes when each statement occurred: a belief says over what period
 
@@ -138,95 +137,24 @@ class OfflineReasoner:
                 continue
             members = [m for m in theme.members if float(vectors[m] @ vectors[theme.first]) >= self.member_cut]
             held = [m for m in members if is_belief(statements[m])]
-            cited = tuple(m + 1 for m in members if not is_belief(statements[m]))
             if len(held) >= 2:  # earlier beliefs from different evidence agree: a belief about them
                 out.append(Insight(beliefs_text(len(held), core_of(statements[theme.first])),
                                    tuple(m + 1 for m in held)))
                 continue
-            if len(cited) < 2 or (not question_.usual and routine([statements[c - 1] for c in cited])) \
-                    or self._named(tuple(statements[c - 1] for c in cited), places):
+            cited = tuple(m + 1 for m in members if not is_belief(statements[m]))
+            if len(cited) < 2 or (not question_.usual and routine([statements[c - 1] for c in cited])):
                 continue
             # An earlier belief this group repeats is said verbatim: the
             # reflector then reinforces it instead of keeping a near-copy.
             said = statements[held[0]] if held else question_.belief
             when = [dates[c - 1] for c in cited] if dates else ()
-            out.append(Insight(said or belief_text(len(cited), self._shared(statements, cited, places),
-                                                   when), cited))
+            out.append(Insight(said or belief_text(len(cited), generalized(statements[theme.first]), when), cited))
         return out[:n], Usage()
-
-    def _named(self, texts: Sequence[str], places: frozenset[str]) -> bool:
-        """A pair held by a name, not by what happened: without the words both
-        share (a subsystem's, a feature's: "geocoding", "schema versioning"),
-        they are not alike — under `NAMED_CUT` of the theme's cut — the
-        place-word test, on one pair. A habit stays alike without its shared
-        words: it is said in other ones. Only pairs: in a larger group the
-        shared words can be what recurs (three of "Dana chose polars over
-        pandas …" share nothing else, and are a preference, not a place)."""
-        cores = [core_of(t) for t in texts]
-        sets = [words(c) for c in cores]
-        shared = {w for w in set.intersection(*sets) if w.isalpha() and w not in FUNCTION_WORDS}
-        if len(cores) != 2 or not shared or not self.place_df:  # hashing sees shared words only: all would be named
-            return False
-        vectors = self._vectors([_left(places | shared, c) for c in cores])
-        return cohesion(list(range(len(cores))), vectors @ vectors.T) < NAMED_CUT * self.cut
-
-    def together(self, texts: Sequence[str]) -> bool:
-        """Whether statements make one theme: alike by meaning (their mean
-        cosine at the theme's cut) and not only by a name they share."""
-        vectors = self._vectors(texts)
-        return cohesion(list(range(len(texts))), vectors @ vectors.T) >= self.cut and not self._named(texts, frozenset())
-
-
-    def _shared(self, statements: Sequence[str], cited: Sequence[int], places: frozenset[str]) -> str:
-        """What the cited statements share: each one's words with what says
-        which instance left out (extractive.stated), and of those the one
-        closest to the group's mean by meaning — the sentence that says what
-        they have in common rather than one instance's details."""
-        cores = [core_of(statements[c - 1]) for c in cited]
-        said = [stated(core, varying(core, cores[:k] + cores[k + 1:]), places) for k, core in enumerate(cores)]
-        # Copies of one template weigh as one statement: the group's mean is what its different sentences share.
-        sets = [words(c) for c in cores]
-        weight = np.array([1.0 / sum(one_template(a, b) for b in sets) for a in sets])
-        mean = weight @ self._vectors(cores, places)
-        closeness = self._vectors(said) @ mean
-        return said[max(range(len(said)), key=lambda k: (float(closeness[k]), -k))]
 
     def verdict(self, belief: str, evidence: Sequence[str], challengers: Sequence[str]) -> tuple["Answer", Usage]:
         from processors.challenge import offline_verdict  # its own module: the heuristic, labeled as such
 
-        return self._precise(offline_verdict(belief, evidence, challengers), belief, evidence, challengers), Usage()
-
-    def _precise(self, answer: "Answer", belief: str, evidence: Sequence[str],
-                 challengers: Sequence[str]) -> "Answer":
-        """A *holds* cites only the challengers that say what the belief says:
-        as close to its text as a group's members are to their representative
-        (the theme's cut and margin), and on average to its evidence as a
-        member to its group (the theme's cut), place words as gaps. The word
-        rules see a shared subject; an auth docs update shares "auth" with
-        reverted pull requests on auth and says nothing of reverts, and each
-        such episode taken in makes the next look closer. None left: the
-        gate's false alarm. Only with an embedder that reads meaning: feature
-        hashing's closeness is the word overlap the rules already judged."""
-        if answer.verdict != "holds" or not self.place_df:
-            return answer
-        places = self._places([*evidence, *challengers])
-        said = self._vectors([belief, *evidence], places)
-        near = self._vectors(challengers, places) @ said.T
-        kept = tuple(n for n in answer.cited if float(near[n - 1, 0]) >= self.member_cut
-                     and (len(evidence) == 0 or float(near[n - 1, 1:].mean()) >= self.cut))
-        return replace(answer, cited=kept) if kept else replace(answer, verdict="unrelated", cited=(), statement="")
-
-
-# Of the theme's cut, the cohesion a group keeps without the words all its members share. On the
-# hand-labeled pairs of processors/data/group_pairs.tsv (MiniLM; tests/test_belief_quality.py): without the
-# test, 12 of 12 pairs that say one thing happened group, and 6 of 12 that only share a name; with it at 0.6,
-# 11 and 0; at 0.8, 10 and 0; at 1.0, 8 and 0. Testing each shared word alone, as place words are: 12 and 4.
-NAMED_CUT = 0.6
-
-
-def _left(masked: set[str] | frozenset[str], core: str) -> str:
-    """A statement without some of its words, no gap left: gaps alone make two sentences look alike."""
-    return " ".join(t for t in core.split() if _word(t) not in masked)
+        return offline_verdict(belief, evidence, challengers), Usage()
 
 
 MEMORY = 8192  # statement vectors the offline reasoner keeps

@@ -126,10 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     bench.add_argument("--only", default=None, help=(
         "comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval,public; opt-in, run only when named: "
-        "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference), beliefs "
-        "(the demo's score over --seeds histories)"))
+        "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference)"))
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
-    bench.add_argument("--seeds", type=int, default=None, help="histories --only beliefs scores (seeds 101…)")
     settings = commands.add_parser("settings", parents=[_settings_flags(listed=True)], help=(
         "print the resolved settings, and what reflect up and reflect demo use where they differ"))
     settings.add_argument("--port", type=int, default=None, help="the --port reflect up would be given")
@@ -410,8 +408,8 @@ def _bench(args: argparse.Namespace) -> int:
     import suite as bench_suite
 
     forwarded = [flag for flag, on in (("--quick", args.quick), ("--json", args.json)) if on]
-    for flag, value in (("--only", args.only), ("--plots", args.plots), ("--seeds", args.seeds)):
-        forwarded += [flag, str(value)] if value else []
+    for flag, value in (("--only", args.only), ("--plots", args.plots)):
+        forwarded += [flag, value] if value else []
     return bench_suite.main(forwarded)
 
 

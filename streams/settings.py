@@ -398,12 +398,11 @@ SPECS: tuple[Spec, ...] = (
          "overlap only)."),
     Spec("challenge", "REFLECT_CHALLENGE", "off", _choice("on", "off"),
          "The contradiction gate: new episodes that bear on a live belief ask for a challenge cycle whose "
-         "verdict is holds (reinforced), refined or contradicted (superseded). Off by default: it judges a "
-         "user's new episodes after the user's earlier cycles, so with it on ingest waits for the reasoner "
-         "(see processors/README.md, \"Contradictions and staleness\")."),
+         "verdict is holds (reinforced), refined or contradicted (superseded). Off by default for now: see "
+         "processors/README.md, \"Contradictions and staleness\"."),
     Spec("challenge_min_score", "REFLECT_CHALLENGE_MIN_SCORE", "", _optional_cosine,
          "Cosine, to a belief's text or to the nearest evidence it cites, at which an episode challenges the "
-         "belief (empty: the embedder's own, minilm 0.6, e5-small 0.93, hashing 0.32 — word overlap only)."),
+         "belief (empty: the embedder's own, minilm 0.6, hashing 0.32 — word overlap only)."),
     Spec("challenge_quorum", "REFLECT_CHALLENGE_QUORUM", "3", _positive_int,
          "Episodes bearing on one belief at which it is challenged (a belief resting on more evidence waits "
          "for half its support, at most 16); until then its challengers wait."),

@@ -12,18 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from memory_worker import MemoryWorker, memory_runtime
-from processors.reasoners import OfflineReasoner, Usage
-from processors.reflection import Insight
 from processors.view import EdgeView
 from streams.producer import make_episode
 from streams.sample import History
 from streams.settings import Settings
 
 
-def live_beliefs(hist: History, tmp: Path, embedder, reasoner, timeout: float = 600.0,
-                 env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def live_beliefs(hist: History, tmp: Path, embedder, reasoner, timeout: float = 600.0) -> list[dict[str, Any]]:
     async def run() -> list[dict[str, Any]]:
-        settings = Settings.load(env=env or {}, data_dir=str(tmp))  # the demo's trigger: threshold and floor
+        settings = Settings.load(env={}, data_dir=str(tmp))  # the demo's trigger: threshold and floor
         view = EdgeView(settings.view_dir, settings.view, embedder.dim)
         try:
             worker = MemoryWorker(memory_runtime(settings, view, embedder, reasoner))
@@ -35,22 +32,3 @@ def live_beliefs(hist: History, tmp: Path, embedder, reasoner, timeout: float = 
             view.close()
         return sorted(held, key=lambda p: (-p["confidence"], p["reflection_id"]))
     return asyncio.run(run())
-
-
-class Stub(OfflineReasoner):
-    """What the old score could not tell from a reasoner: one fixed sentence
-    citing the first eight statements retrieved. Its questions are the planted
-    patterns themselves, so what it is shown is as good as evidence gets."""
-
-    name, prompt_version, dated = "stub", "stub", False
-
-    def __init__(self, embedder, hist: History) -> None:
-        super().__init__(embedder)
-        self.hist = hist
-
-    def questions(self, statements, n=3, importance=None):
-        return [p.description for p in self.hist.patterns][:n], Usage()
-
-    def insights(self, question, statements, n=5):
-        return [Insight("The user keeps a steady working routine with the agent.",
-                        tuple(range(1, min(8, len(statements)) + 1)))], Usage()

@@ -49,7 +49,7 @@ def test_demo_forms_cited_beliefs_and_scores_them_in_numbers():
     score = result["score"]
     assert (score["found"], score["of"], score["beliefs"]) == (len(found), 4, len(result["beliefs"]))
     assert all(isinstance(v, int) for v in score.values()) and score["noise"] <= score["beliefs"]
-    assert all(b["reasoner"] == "offline-extractive" and b["prompt_version"] == "extractive-v4"
+    assert all(b["reasoner"] == "offline-extractive" and b["prompt_version"] == "extractive-v3"
                for b in result["beliefs"])
     # Seed 7, the demo's history, is scored here through the whole stack; tests/test_demo_score.py holds
     # seed 8 to the same bar without a broker (seed 7 there too ran the same cycles again: 76 s of CI).

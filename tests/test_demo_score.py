@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from processors.reasoners import OfflineReasoner
-from sample_loop import Stub, live_beliefs
+from processors.reasoners import OfflineReasoner, Usage
+from processors.reflection import Insight
+from sample_loop import live_beliefs
 from streams.sample import history
 from streams.score import score
 
@@ -52,8 +53,23 @@ def test_a_belief_over_beliefs_is_scored_on_the_episodes_beneath_it(embedder):
     assert top["found"] and top["cited"] == 4 and top["belief"] == "top"
 
 
+class Stub(OfflineReasoner):
+    """What the old score could not tell from a reasoner: one fixed sentence
+    citing the first eight statements retrieved. Its questions are the planted
+    patterns themselves, so what it is shown is as good as evidence gets."""
+
+    name, prompt_version, dated = "stub", "stub", False
+
+    def questions(self, statements, n=3, importance=None):
+        return [p.description for p in H.patterns][:n], Usage()
+
+    def insights(self, question, statements, n=5):
+        return [Insight("The user keeps a steady working routine with the agent.",
+                        tuple(range(1, min(8, len(statements)) + 1)))], Usage()
+
+
 def test_a_stub_citing_what_it_was_shown_scores_at_most_one_pattern(embedder, tmp_path):
-    result = score(H, live_beliefs(H, tmp_path, embedder, Stub(embedder, H)), embedder)
+    result = score(H, live_beliefs(H, tmp_path, embedder, Stub(embedder)), embedder)
     cites = {p["pattern"] for p in result["patterns"] if p["cited"] >= 2}  # what the old score called found
     print(f"\nstub: found {result['found']}/{result['of']}, cites ≥ 2 episodes of {sorted(cites)}")
     assert result["found"] <= 1

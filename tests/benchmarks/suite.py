@@ -11,9 +11,7 @@ and public (the same on REALTALK's real conversations; it needs the data, see
 tests/benchmarks/realtalk.py). Opt-in, run only when `--only` names it:
 import (REALTALK POSTed to the API with cycles off, on a 5 s stand-in model
 and offline, and a fresh worker on the same log; tests/benchmarks/realtalk_import.py;
-minutes; quick: 2 conversations, full: all 10), beliefs (the demo's score on
-seeds 101… with default settings, its distribution, and a stub beside it;
-tests/benchmarks/beliefs.py; quick: 3 seeds, full: 20, `--seeds N`) and chaos (seeded kill -9,
+minutes; quick: 2 conversations, full: all 10) and chaos (seeded kill -9,
 SIGTERM, joins and leaves among 2–3 workers under load, each run checked
 against an uninterrupted reference; tests/benchmarks/chaos.py; quick: 10 runs,
 full: 100, ~20 s a run). `--quick` runs smaller sizes
@@ -54,10 +52,8 @@ SIZES = {
     "import": ({"conversations": 2}, {"conversations": 10}),
     # opt-in (--only chaos): runs of the chaos suite against one reference (~20 s a run)
     "chaos": ({"runs": 10}, {"runs": 100}),
-    # opt-in (--only beliefs): the demo's score on seeds 101… nobody tuned on (~3 min a seed; --seeds N)
-    "beliefs": ({"seeds": 3}, {"seeds": 20}),
 }
-OPT_IN = {"import", "chaos", "beliefs"}  # scenarios run only when --only names them
+OPT_IN = {"import", "chaos"}  # scenarios run only when --only names them
 
 
 def scenario(name: str, size: dict) -> dict:
@@ -96,9 +92,6 @@ def scenario(name: str, size: dict) -> dict:
     if name == "chaos":
         import chaos
         return chaos.measure(size["runs"])
-    if name == "beliefs":
-        import beliefs
-        return beliefs.measure(size["seeds"])
     raise ValueError(f"no scenario {name!r} (known: {', '.join(SIZES)})")
 
 
@@ -110,15 +103,14 @@ def machine() -> dict:
             "system": f"{platform.system()} {platform.release()}"}
 
 
-def run(quick: bool, only: list[str] | None = None, seeds: int | None = None) -> dict:
+def run(quick: bool, only: list[str] | None = None) -> dict:
     doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": quick,
            "machine": machine(), "scenarios": {}}
     started = time.perf_counter()
     for name in only or [n for n in SIZES if n not in OPT_IN]:
         t = time.perf_counter()
         try:
-            size = SIZES[name][0 if quick else 1]
-            result = scenario(name, {**size, "seeds": seeds} if seeds and "seeds" in size else size)
+            result = scenario(name, SIZES[name][0 if quick else 1])
         except Exception as exc:  # one broken scenario must not cost the others' figures
             traceback.print_exc()
             result = {"error": f"{type(exc).__name__}: {exc}", "figures": []}
@@ -183,14 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     parser.add_argument("--only", default=None, help=f"comma-separated scenarios of {','.join(SIZES)}")
     parser.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots (and bench.json) there")
-    parser.add_argument("--seeds", type=int, default=None, help="histories the beliefs scenario scores (from 101)")
     args = parser.parse_args(argv)
     only = args.only.split(",") if args.only else None
     for name in only or ():
         if name not in SIZES:
             parser.error(f"no scenario {name!r} (known: {', '.join(SIZES)})")
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        doc = run(args.quick, only, args.seeds)
+        doc = run(args.quick, only)
         if args.plots:
             for path in plot(doc, Path(args.plots)):
                 print(f"wrote {path}")
