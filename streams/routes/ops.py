@@ -28,11 +28,12 @@ class Health(View):
     def readiness(self) -> tuple[str, dict]:
         runtime = context(self).runtime
         recovering = self.app.rebalancing or not self.app.tables.recovery.completed.is_set()
-        return readiness(recovering, {} if recovering else runtime.ownership.catching_up(), runtime.router_ready,
-                         {} if recovering else runtime.health.degraded())
+        if recovering:  # the ownership and health state are not the partitions' yet
+            return readiness(True, [], runtime.router_ready, {})
+        return readiness(False, runtime.ownership.catching_up(), runtime.router_ready, runtime.health.degraded())
 
 
-def readiness(recovering: bool, catching_up: dict, router_ready: bool, stalled: dict) -> tuple[str, dict]:
+def readiness(recovering: bool, catching_up: list[int], router_ready: bool, stalled: dict) -> tuple[str, dict]:
     """(status, details) of a worker in this state, first cause first."""
     if recovering:
         return "starting", {}
