@@ -13,7 +13,11 @@ The owner answers only when its answer is whole: its tables recovered, and
 was gained. A worker that gains a partition in a rebalance lacks what the
 previous owner projected, so it first replays that span of `episodes` and
 `reflections` into its own view (`catch_up`); the pipeline's agents wait for
-it before handling the partition, and reads meanwhile answer 503. What the
+it before handling the partition, and reads meanwhile answer 503. The same
+replay notes which cycles the log has completed (`on_log`): a worker whose
+own state lacks them (a fresh app id on the same topics, a state written
+after its events were published and lost in a crash) adopts them, with their
+beliefs now in its view, and runs no cycle twice. What the
 view holds is recorded per topic-partition as a watermark (`Watermarks`),
 advanced after each batch whose effects are in the view; a restart over the
 same data directory therefore replays nothing.
@@ -34,12 +38,13 @@ from aiokafka.partitioner import DefaultPartitioner
 from processors.dlq import accept, carried
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
 from processors.view import ViewPoint
-from schemas import ContractError
+from schemas import ContractError, ReflectionChallenged, ReflectionCycleCompleted
 from streams.security import client_options
 
 log = logging.getLogger("reflect")
 _PARTITIONER = DefaultPartitioner()
 BROKER_CALL_TIMEOUT = 15.0  # seconds a catch-up waits for the broker's answer to one call
+AUDITS = (ReflectionCycleCompleted, ReflectionChallenged)  # the last event a cycle (a challenge) publishes
 
 
 def partition_of(user_id: str, partitions: int) -> int:
@@ -123,6 +128,7 @@ class Ownership:
         self.watermarks = Watermarks(runtime.view, settings.view_dir / "offsets.json") if self.local_view else None
         self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds the log as it was gained
         self._catching: dict[int, asyncio.Task] = {}
+        self.completed: dict[int, set[str]] = {}  # partition → cycle ids its log completed, as gained
         self.installed = False
 
     def settled(self) -> bool:
@@ -145,6 +151,7 @@ class Ownership:
             if task is not None:
                 task.cancel()
             del self.whole[p]
+            self.completed.pop(p, None)
         for p in partitions - set(self.whole):
             self.whole[p] = asyncio.Event()
             if self.local_view:
@@ -155,6 +162,11 @@ class Ownership:
     def catching_up(self) -> list[int]:
         """The partitions this worker owns whose view is not whole yet."""
         return sorted(p for p, event in self.whole.items() if not event.is_set())
+
+    def on_log(self, user_id: str, cycle_id: str) -> bool:
+        """The cycle's audit event was on the log the catch-up replayed (an
+        Edge view: a server's view has no catch-up, and nothing is noted)."""
+        return cycle_id in self.completed.get(partition_of(user_id, self.runtime.settings.partitions), ())
 
     def owner(self, user_id: str) -> str | None:
         """The URL of the worker that owns the user, None during a rebalance."""
@@ -233,7 +245,7 @@ class Ownership:
             if not spans:
                 return
             started = asyncio.get_running_loop().time()
-            events, reached = await _project(consumer, spans, self._projectors(), carried(settings),
+            events, reached = await _project(consumer, spans, self._projectors(p), carried(settings),
                                              runtime.projection_lock)
             await asyncio.to_thread(self.watermarks.advance, view, reached)
             if not events:
@@ -243,10 +255,16 @@ class Ownership:
         finally:
             await consumer.stop()
 
-    def _projectors(self):
+    def _projectors(self, p: int):
+        """Per topic: what projects its events, their types, and what notes each event read."""
         view, embedder = self.runtime.view, self.runtime.embedder
-        return {self.topics[0]: (EpisodeProjector(view, embedder).apply, EPISODE_TYPES),
-                self.topics[1]: (ReflectionProjector(view, embedder).apply, REFLECTION_TYPES)}
+        completed = self.completed.setdefault(p, set())
+
+        def note(record) -> None:
+            if isinstance(record, AUDITS):
+                completed.add(record.cycle_id)
+        return {self.topics[0]: (EpisodeProjector(view, embedder).apply, EPISODE_TYPES, None),
+                self.topics[1]: (ReflectionProjector(view, embedder).apply, REFLECTION_TYPES, note)}
 
 
 async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, carries: dict,
@@ -263,13 +281,15 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
     while left:
         batches = await consumer.getmany(*left, timeout_ms=200, max_records=1000)
         for tp, messages in batches.items():
-            apply, kinds = projectors[tp.topic]
+            apply, kinds, note = projectors[tp.topic]
             records, positions = [], []
             for m in messages:
                 try:
                     record = accept(m, carries)
                 except ContractError:  # dead-lettered when it was first read
                     continue
+                if note is not None:
+                    note(record)
                 if isinstance(record, kinds):
                     records.append(record)
                     positions.append(m.offset)  # as the live path (processors/view.py, POSITION)

@@ -1,7 +1,12 @@
 """The same log gives the same beliefs: one history streamed twice — in batches
 of 256 at once, and in batches of 5 with the worker stopped mid-stream and
 restarted — ends with the same beliefs (ids, texts, evidence, depth,
-confidence, status) and the same episodes in the view.
+confidence, status) and the same episodes in the view. So does a fresh
+worker (another app id, a data directory of its own) consuming the first
+run's three topics from the start, with the gates off: it adopts every
+cycle the log completed and runs none again. (With the contradiction gate
+on it does not: its catch-up puts the log's later beliefs in the view, which
+the gate reads as it is.)
 
 Several cycles a user, beliefs over beliefs, two retractions of episodes
 beliefs cite and a manual cycle between them: what used to make the outcome
@@ -19,6 +24,7 @@ import asyncio
 import dataclasses
 import tempfile
 import time
+from collections import Counter
 
 import pytest
 
@@ -29,6 +35,7 @@ from processors.reasoners import make_reasoner
 from processors.view import EdgeView
 from processors.accumulator import Accumulator, Trigger, admit
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
+from streams.broker import free_port
 from streams.producer import Publisher
 from streams.settings import Settings
 from streams.topics import ensure_topics
@@ -119,20 +126,25 @@ def settled(worker, settings, events, users) -> bool:
     return requests <= completed
 
 
-def run(broker, tmp, name: str, batch: int, restart_at: int | None) -> dict:
+def run(broker, tmp, name: str, batch: int, restart_at: int | None, challenge: str = "on") -> dict:
     settings = make_settings(broker.url, tmp / name, threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                             projector_batch=batch, session_timeout=6.0, challenge="on")
+                             projector_batch=batch, session_timeout=6.0, challenge=challenge)
     users = users_by_partition(2, settings.partitions)
-    events = history(users, settings)
     asyncio.run(ensure_topics(settings))
+    return consume(settings, tmp, name, users, history(users, settings), restart_at)
+
+
+def consume(settings, tmp, name: str, users, events, restart_at: int | None, published: bool = False) -> dict:
+    """A worker through the history (published first, unless the topics hold
+    it), settled; what its view and the log hold."""
     (tmp / name).mkdir(parents=True, exist_ok=True)
     workers = Workers(tmp / name)
     started = time.monotonic()
     try:
         worker = workers.start(settings)
-        if restart_at is None:
+        if restart_at is None and not published:
             asyncio.run(publish(settings, events))
-        else:
+        elif restart_at is not None:
             asyncio.run(publish(settings, events[:restart_at]))
             wait_for(lambda: sum(worker.stats(u).get("episodes", 0) for u in users) >= restart_at // 3, 60,
                      "a third of the first part in the view")
@@ -145,9 +157,12 @@ def run(broker, tmp, name: str, batch: int, restart_at: int | None) -> dict:
     snapshot = view_snapshot(settings, users)
     beliefs = {u: {rid: as_set(p) for rid, p in held.items()} for u, held in beliefs_of(snapshot).items()}
     print(f"{name}: {sum(map(len, beliefs.values()))} beliefs in {time.monotonic() - started:.1f} s")
-    return {"beliefs": beliefs, "episodes": episodes_of(snapshot),
-            "created": {e["reflection_id"]: e["cycle_id"] for e in read_events(settings, settings.topic_reflections)
-                        if e["type"] == "ReflectionCreated"}}
+    reflections = read_events(settings, settings.topic_reflections)
+    return {"beliefs": beliefs, "episodes": episodes_of(snapshot), "settings": settings, "users": users,
+            "events": events,
+            "created": {e["reflection_id"]: e["cycle_id"] for e in reflections if e["type"] == "ReflectionCreated"},
+            "audits": Counter(e["cycle_id"] for e in reflections
+                              if e["type"] in ("ReflectionCycleCompleted", "ReflectionChallenged"))}
 
 
 def differences(one: dict, other: dict) -> dict:
@@ -173,3 +188,15 @@ def test_the_same_history_gives_the_same_beliefs_whatever_the_batches_and_a_rest
         assert not diff, "\n".join([user, *(f"{rid}: {d}" for rid, d in diff.items())])
     assert again["episodes"] == once["episodes"]
     assert again["created"] == once["created"]  # and each belief was made by the same cycle
+
+
+def test_a_fresh_worker_on_the_same_topics_adopts_every_cycle_and_holds_the_same_beliefs(broker, tmp_path):
+    once = run(broker, tmp_path, "first", batch=256, restart_at=None, challenge="off")
+    assert max(once["audits"].values()) == 1, "a cycle completed twice on the log"
+    settings = once["settings"]
+    fresh = consume(dataclasses.replace(settings, app_id=f"{settings.app_id}-fresh", data_dir=str(tmp_path / "fresh"),
+                                        web_port=free_port()),
+                    tmp_path, "fresh", once["users"], once["events"], None, published=True)
+    assert fresh["audits"] == once["audits"], "the fresh worker ran again cycles the log had completed"
+    assert sum(map(len, once["beliefs"].values())) >= 8 * 3, "too few beliefs for the comparison to mean much"
+    assert fresh["beliefs"] == once["beliefs"] and fresh["episodes"] == once["episodes"]

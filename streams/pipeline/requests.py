@@ -11,7 +11,10 @@ streams/on_log.py); then publish the cycle's events and, once the broker
 has them, write them into the view — the log before the view, and the view
 before the user's next request, whose cycle sees them whatever the
 reflections pipeline has read — and mark the cycle done. A request whose
-sequence is already marked done (a redelivery after a crash) is skipped.
+sequence is already marked done (a redelivery after a crash) is skipped,
+and one whose cycle the log completed when this worker gained the partition
+is adopted (streams/ownership.py, `on_log`): its events are in the view
+already, and the model is not asked twice.
 A worker handing the partition over publishes nothing: the next owner does.
 
 A transient fault (the view, the broker) retries the cycle, with the
@@ -79,10 +82,20 @@ class RequestsPipeline(Runner):
         done = self.runtime.tables.requests_done.get(request.user_id) or 0
         return request.sequence is not None and request.sequence <= done
 
+    def adopted(self, request: ReflectionRequested) -> bool:
+        """The log completed the cycle and this worker's state knows nothing of it."""
+        stored = self.runtime.tables.outcomes.get(request.user_id) or {}
+        return stored.get("cycle_id") != request.cycle_id and \
+            self.runtime.ownership.on_log(request.user_id, request.cycle_id)
+
     async def reflect(self, request: ReflectionRequested, message) -> None:
         if self.done_already(request):
             return
         runtime, user, partition = self.runtime, request.user_id, message.partition
+        if self.adopted(request):
+            log.info("cycle %s was completed on the log before this worker gained its partition: adopted, "
+                     "not run again", request.cycle_id)
+            return await self.mark_done(request, partition)
         runtime.running[user] = request.cycle_id
         try:
             made, unpublished = await self.decided(request)
