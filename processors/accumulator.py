@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested, parse_time
+from schemas import (EpisodeRecorded, EpisodeRetracted, Event, GateRequested, InvalidationRequested, ReflectionRequested,
+                     parse_time)
 
 WINDOW = 100
 
@@ -46,12 +47,7 @@ class Accumulator:
     asked: int = 0  # requests forwarded so far, of every kind: the last one's sequence
     forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
     asked_by: dict[str, int] = field(default_factory=dict)  # requests forwarded by `why` (threshold, manual, …)
-    challenge_day: str | None = None  # valid-time day (UTC) of the user's last challenge (processors/gate.py)
-    challenged: int = 0  # challenges asked on that day
-    challenged_ids: tuple[str, ...] = field(default_factory=tuple)  # the beliefs they challenged
-    challenging: tuple[dict[str, Any], ...] = field(default_factory=tuple)  # open challenges (processors/challenge.gather)
     asked_at: str | None = None  # the latest valid time of a request asked so far
-    stream_at: str | None = None  # the latest valid time of the user's episodes judged so far (staleness)
     # The offset in `episodes` of the last record folded in: a redelivery at or
     # below it (a crash between the state's write and the commit) is skipped,
     # however many records came between.
@@ -67,37 +63,21 @@ class Accumulator:
         # of 100 of them per user per batch was 29% of the worker's CPU).
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"recent": list(self.recent),
                                                                          "forwarded": list(self.forwarded),
-                                                                         "challenging": list(self.challenging),
-                                                                         "challenged_ids": list(self.challenged_ids),
                                                                          "outbox": list(self.outbox)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "Accumulator":
         if not data:
             return cls()
-        return cls(**{**data, "recent": tuple(data.get("recent", ())), "forwarded": tuple(data.get("forwarded", ())),
-                      "challenging": tuple(data.get("challenging", ())),
-                      "challenged_ids": tuple(data.get("challenged_ids", ())),
-                      "outbox": tuple(data.get("outbox", ()))})
+        known = {f.name for f in fields(cls)}  # a state stored by an older build may hold more (the gates' once)
+        return cls(**{**{k: v for k, v in data.items() if k in known}, "recent": tuple(data.get("recent", ())),
+                      "forwarded": tuple(data.get("forwarded", ())), "outbox": tuple(data.get("outbox", ()))})
 
     def applied_at(self, offset: int) -> bool:
         return offset <= self.applied
 
     def holds(self, record_id: str) -> bool:
         return any(r["id"] == record_id for r in self.recent)
-
-
-# What the gates (contradiction, staleness) write, and the sequence they share with
-# the trigger; the rest is the trigger's own.
-GATE_FIELDS = ("challenge_day", "challenged", "challenged_ids", "challenging", "stream_at", "asked", "asked_by",
-               "asked_at")
-
-
-def judged(admitted: Accumulator, gate: Accumulator) -> Accumulator:
-    """The state as of an episode the gates judged last: the trigger's state
-    when it admitted that episode, with the gates' fields as they are now
-    (the gates judge a run after the trigger admitted the whole of it)."""
-    return replace(admitted, **{name: getattr(gate, name) for name in GATE_FIELDS})
 
 
 def _remember(acc: Accumulator, record: dict[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -152,6 +132,8 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 def kind_of(request) -> str:
     if isinstance(request, InvalidationRequested):
         return "invalidation"
+    if isinstance(request, GateRequested):
+        return "gate"
     return getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
 
 

@@ -3,7 +3,7 @@ Kafka Connect style error headers, so an operator can read why and replay."""
 
 from __future__ import annotations
 
-from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, Event,
+from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, Event, GateRequested,
                      InvalidationRequested, ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted,
                      ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, ReflectionStaled, decode)
 
@@ -14,7 +14,7 @@ from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, Episode
 ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested)
 ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted,
                   ReflectionChallenged, ReflectionStaled)
-ON_REQUESTS = (ReflectionRequested, ChallengeRequested, InvalidationRequested)
+ON_REQUESTS = (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested)
 
 
 def carried(settings) -> dict[str, tuple[type, ...]]:

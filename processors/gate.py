@@ -1,47 +1,152 @@
-"""The contradiction gate's I/O shell: how a run of a user's episodes bears
-on the user's live beliefs — one scroll of the live beliefs and one read of
-the vectors of the beliefs and the evidence they cite, then exact cosines
+"""The gates' state and I/O shell. A run of a user's new episodes reaches
+the gates as a GateRequested (`gate_request`), judged in the user's request
+order (streams/pipeline/requests.py): how the run bears on the user's live
+beliefs — one scroll of the beliefs and one read of the vectors of the
+run's episodes, the beliefs and the evidence they cite, then exact cosines
 (processors/challenge.bearings) — and the challenge requests the user's open
-challenges become, within the user's daily challenge budget."""
+challenges become, within the user's daily challenge budget (`asked`)."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import timezone
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from processors.accumulator import Accumulator, number
-from processors.challenge import Challenge, bearings, closed, quorum_of
-from processors.projector import point_id
+from processors.accumulator import Accumulator
+from processors.challenge import GATE_SCORE, Challenge, bearings, closed, gather, quorum_of
+from processors.projector import latest, point_id
+from processors.staleness import first_stale, went_stale
 from processors.view import VectorStore
-from schemas import ChallengeRequested, EpisodeRecorded, parse_time
+from schemas import ChallengeRequested, EpisodeRecorded, Event, GateRequested, parse_time
 
 CHALLENGES = uuid.UUID("4b0f7f36-1a8e-4c53-9d1e-5f0c2a7e6b19")  # namespace of challenge cycle ids
+GATE_RUNS = uuid.UUID("0d7f1c52-8a43-4f0e-b6a9-3c2e5d1f7a80")  # namespace of gate request ids
+RUN_MAX = 256  # episodes of one GateRequested (its schema's bound); a longer run is forwarded in parts
 
 
-def bearing_of(view: VectorStore, user: str, episodes: Sequence[EpisodeRecorded], vectors, quorum: int,
+@dataclass(frozen=True)
+class Gates:
+    """One user's gate state (table `gates`, written by the requests pipeline)."""
+    challenge_day: str | None = None  # valid-time day (UTC) of the user's last challenge
+    challenged: int = 0  # challenges asked on that day
+    challenged_ids: tuple[str, ...] = ()  # the beliefs they challenged
+    challenging: tuple[dict[str, Any], ...] = ()  # open challenges (processors/challenge.gather)
+    stream_at: str | None = None  # the latest valid time of the user's episodes judged so far (staleness)
+    challenges: int = 0  # challenge cycles asked so far, for stats
+    # The gate request in hand: its sequence, how many of its episodes are
+    # judged, and what they decided that is not done yet (an outbox: after a
+    # crash or a handover the next owner does it, then judges on).
+    sequence: int | None = None
+    judged: int = 0
+    outbox: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "Gates":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in (data or {}).items() if k in known})
+
+    def at(self, request: GateRequested) -> "Gates":
+        """The state for judging `request`: resumed where it was, or from its start."""
+        return self if self.sequence == request.sequence else replace(self, sequence=request.sequence, judged=0,
+                                                                      outbox=())
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the gates are told: the contradiction gate on, its score
+    threshold and daily budget; the staleness horizon in days (0: off)."""
+    contradiction: bool
+    threshold: float
+    daily: int
+    horizon: float
+
+    @classmethod
+    def from_settings(cls, settings) -> "Rules":
+        threshold = GATE_SCORE.get(settings.embedder, 0.5) if settings.challenge_min_score is None \
+            else settings.challenge_min_score
+        return cls(settings.challenge == "on", threshold, settings.challenge_daily, settings.stale_after_days)
+
+
+def weigh(gates: Gates, user: str, todo: Sequence[Mapping[str, Any]], scores, quorums: Mapping[str, int],
+          live: list[dict], recent: Sequence[Mapping[str, Any]], rules: Rules) -> tuple[Gates, list[Event], int]:
+    """Judge `todo` (episodes with their `scores`, bearing_of) against the
+    same beliefs until something is asked: the state after, what is asked
+    (challenges; ReflectionStaled events and the challenges that revalidate
+    them), and how many episodes were judged."""
+    # An open challenge of a belief no longer live (superseded, invalid, stale) has nothing left to ask.
+    gates = replace(gates, challenging=tuple(p for p in gates.challenging if p["id"] in quorums))
+    done, asked_now = 0, []
+    while done < len(todo) and not asked_now:
+        upto, stale, _ = first_stale(live, todo[done:], gates.stream_at, rules.horizon)
+        upto = upto or len(todo) - done
+        used = upto
+        if rules.contradiction:
+            pending, used = gather(gates.challenging, todo[done:done + upto], scores[done:done + upto],
+                                   rules.threshold, quorums)
+            gates, asked_now = asked(replace(gates, challenging=pending), user, rules.daily)
+        gates = replace(gates, stream_at=latest(gates.stream_at, *(e["occurred_at"] for e in todo[done:done + used])))
+        done += used
+        if stale and used == upto:  # the stream passed their horizon at this episode
+            asked_now = [*asked_now, *went_stale(user, [b for b in live if b["reflection_id"] in stale],
+                                                 todo[done - 1], rules.horizon, recent)]
+    return gates, asked_now, done
+
+
+def gate_requests(user: str, run: Sequence[tuple[EpisodeRecorded, Accumulator]],
+                  positions: Mapping[str, int]) -> list[GateRequested]:
+    """The run (each episode with the state as it was admitted) as gate
+    requests of at most RUN_MAX episodes. Ids derive from the log position of
+    each part's last episode: a redelivery forwards the same events."""
+    out = []
+    for start in range(0, len(run), RUN_MAX):
+        part = run[start:start + RUN_MAX]
+        last, acc = part[-1]
+        at = positions[last.episode_id]
+        out.append(GateRequested(
+            event_id=f"gate:{uuid.uuid5(GATE_RUNS, f'{user}:{at}')}", user_id=user, occurred_at=last.occurred_at,
+            episodes=tuple({"id": e.episode_id, "occurred_at": e.occurred_at, "position": positions[e.episode_id]}
+                           for e, _ in part),
+            recent=tuple({"id": r["id"], "occurred_at": r["occurred_at"]} for r in acc.recent
+                         if r.get("kind", "episode") == "episode"),
+            position=at))
+    return out
+
+
+def bearing_of(view: VectorStore, user: str, episodes: Sequence[Mapping[str, Any]], quorum: int,
                scored: bool = True,
                cache: dict | None = None) -> tuple[list[dict[str, float]], dict[str, int], list[dict]]:
-    """Per episode, belief id → score (see challenge.bearings; none unless
-    `scored`), for the live and the stale beliefs (fresh support brings a
-    stale one back through a challenge that holds); each one's quorum of
-    challengers (challenge.quorum_of); and the live beliefs."""
+    """Per episode ({"id", "occurred_at"}), belief id → score (see
+    challenge.bearings; none unless `scored`, none for an episode the view
+    no longer holds), for the live and the stale beliefs (fresh support
+    brings a stale one back through a challenge that holds); each one's
+    quorum of challengers (challenge.quorum_of); and the live beliefs."""
     beliefs = sorted((p for status in ("live", "stale") for _, p in view.scroll(user, kind="reflection", status=status)
                       if p.get("user_id") == user and p.get("reflection_id")), key=lambda p: p["reflection_id"])
     quorums = {p["reflection_id"]: quorum_of(p, quorum) for p in beliefs}
     live = [p for p in beliefs if p.get("status") == "live"]
+    out: list[dict[str, float]] = [{} for _ in episodes]
     if not beliefs or not episodes or not scored:
-        return [{} for _ in episodes], quorums, live
+        return out, quorums, live
     own = {point_id("reflection", user, p["reflection_id"]): p["reflection_id"] for p in beliefs}
     # An evidence id names an episode, or (in a belief of depth 2) possibly a belief: ask for both points then.
     cited = {point_id(kind, user, e): e for p in beliefs for e in p.get("evidence_ids", ())
              if e not in p.get("lost_evidence_ids", ())
              for kind in (("episode", "reflection") if int(p.get("depth", 1)) > 1 else ("episode",))}
     found = _vectors(view, [*own, *cited], cache)
-    return bearings([{"id": e.episode_id, "occurred_at": e.occurred_at} for e in episodes], vectors, beliefs,
-                    {rid: found[pid] for pid, rid in own.items() if pid in found},
-                    {eid: found[pid] for pid, eid in cited.items() if pid in found}), quorums, live
+    # The run's own vectors, as projected: read once, never cached (each episode is judged once).
+    run = view.vectors([point_id("episode", user, e["id"]) for e in episodes])
+    held = [i for i, e in enumerate(episodes) if point_id("episode", user, e["id"]) in run]
+    if held:
+        scores = bearings([episodes[i] for i in held], [run[point_id("episode", user, episodes[i]["id"])] for i in held],
+                          beliefs, {rid: found[pid] for pid, rid in own.items() if pid in found},
+                          {eid: found[pid] for pid, eid in cited.items() if pid in found})
+        for i, score in zip(held, scores):
+            out[i] = score
+    return out, quorums, live
 
 
 CACHED = 200_000  # vectors the gate keeps between runs (a point's vector never changes while it is served)
@@ -67,23 +172,23 @@ def day_of(at: str) -> str:
     return parse_time(at).astimezone(timezone.utc).date().isoformat()
 
 
-def asked(acc: Accumulator, user: str, daily: int) -> tuple[Accumulator, list[ChallengeRequested]]:
-    """The user's open challenges that reached their quorum, as requests
-    numbered in the user's sequence, within the budget of the user's current
-    day of valid time (UTC, so a replay counts the same): at most `daily`
-    challenges, and each belief at most once. What does not fit stays open."""
+def asked(gates: Gates, user: str, daily: int) -> tuple[Gates, list[ChallengeRequested]]:
+    """The user's open challenges that reached their quorum, as requests,
+    within the budget of the user's current day of valid time (UTC, so a
+    replay counts the same): at most `daily` challenges, and each belief at
+    most once. What does not fit stays open."""
     out = []
-    for c in closed(acc.challenging):
-        day = max(day_of(c.occurred_at), acc.challenge_day or "")  # the stream's day: never back
-        if day != acc.challenge_day:
-            acc = replace(acc, challenge_day=day, challenged=0, challenged_ids=())
-        if acc.challenged >= daily or c.reflection_id in acc.challenged_ids:
+    for c in closed(gates.challenging):
+        day = max(day_of(c.occurred_at), gates.challenge_day or "")  # the stream's day: never back
+        if day != gates.challenge_day:
+            gates = replace(gates, challenge_day=day, challenged=0, challenged_ids=())
+        if gates.challenged >= daily or c.reflection_id in gates.challenged_ids:
             continue  # stays open
-        acc = replace(acc, challenged=acc.challenged + 1, challenged_ids=(*acc.challenged_ids, c.reflection_id))
-        acc, request = number(acc, request_of(user, c))
-        out.append(request)
+        gates = replace(gates, challenged=gates.challenged + 1, challenged_ids=(*gates.challenged_ids, c.reflection_id))
+        out.append(request_of(user, c))
     asked_now = {r.reflection_id for r in out}
-    return replace(acc, challenging=tuple(p for p in acc.challenging if p["id"] not in asked_now)), out
+    return replace(gates, challenging=tuple(p for p in gates.challenging if p["id"] not in asked_now),
+                   challenges=gates.challenges + len(out)), out
 
 
 def request_of(user: str, c: Challenge) -> ChallengeRequested:

@@ -34,6 +34,7 @@ EVENT_TYPES = (
     "ReflectionChallenged",
     "ReflectionStaled",
     "InvalidationRequested",
+    "GateRequested",
 )
 PAYLOAD = "(payload)"  # the field name used when the bytes themselves are wrong
 # Levels of objects and arrays in one event, the event object itself included.
@@ -212,6 +213,19 @@ class InvalidationRequested(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GateRequested(Event):
+    """A run of a user's new episodes forwarded to the reflector's queue for
+    the contradiction and staleness gates, which judge it in the user's
+    request order: against the beliefs of every cycle asked before it, with
+    ingest never waiting for one (streams/pipeline/requests.py)."""
+    TYPE: ClassVar[str] = "GateRequested"
+    episodes: tuple[dict[str, Any], ...]  # the run in log order: {"id", "occurred_at", "position"}
+    recent: tuple[dict[str, Any], ...]  # the user's recent window as of the run's last episode: {"id", "occurred_at"}
+    sequence: int | None = None
+    position: int | None = None  # the offset of the run's last episode
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReflectionChallenged(Event):
     """The audit record and verdict of one challenge cycle; with verdict refined
     or contradicted it also supersedes the belief (no longer served)."""
@@ -259,6 +273,7 @@ RECORDS: dict[str, type[Event]] = {
         ReflectionChallenged,
         ReflectionStaled,
         InvalidationRequested,
+        GateRequested,
     )
 }
 assert tuple(RECORDS) == EVENT_TYPES

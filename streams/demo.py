@@ -129,11 +129,12 @@ async def _stream(settings: Settings, hist: History, api: ReflectClient, expecte
             progress.show("projecting", min(stats.episodes, total), total)
             if stats.episodes >= total:
                 progress.show("reflecting", len(seen.cycles), expected)
-                # Challenge cycles are not known ahead: done when every request asked is done, and its
-                # closing event (a cycle's or a challenge's) has reached this subscriber too.
-                asked = stats.raw["requests"]
+                # Challenge cycles are not known ahead: done when every request asked is done, and the
+                # closing event of every cycle asked (a cycle's or a challenge's) has reached this subscriber.
+                asked = sum(stats.cycles_by_kind.values())
                 if len(seen.cycles) >= expected and stats.reflections >= len(seen.created) and \
-                        stats.raw["requests_done"] >= asked and len(seen.cycles) + len(seen.challenged) >= asked:
+                        stats.raw["requests_done"] >= stats.raw["requests"] and \
+                        len(seen.cycles) + len(seen.challenged) >= asked:
                     return seen
             if time.monotonic() > deadline:
                 raise TimeoutError(f"demo not finished in {TIMEOUT:.0f} s: {stats}, "

@@ -18,7 +18,7 @@ from processors.embedders import Embedder
 from processors.guard import Breaker, Budget, Tally
 from processors.reasoners import Reasoner
 from processors.view import VectorStore
-from schemas import ChallengeRequested, Event, InvalidationRequested, ReflectionRequested
+from schemas import ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionRequested
 from streams import metrics
 from streams.logs import redacted
 from streams.ownership import Ownership
@@ -41,6 +41,7 @@ class Tables:
     requests_done: Any  # user → the sequence number of the last request whose cycle is done and in the view
     last_cycle: Any  # user → what their last cycle made, or why nothing (streams/cycle_notes.py), for stats
     outcomes: Any  # user → the last cycle decided, stored before it is published: {"cycle_id", "events"}
+    gates: Any  # user → processors/gate.Gates.to_dict(): the contradiction and staleness gates' state
 
     @classmethod
     def of(cls, app: faust.App, partitions: int) -> "Tables":
@@ -51,7 +52,8 @@ class Tables:
                    app.Table("reasoner-spend", default=dict, partitions=partitions),
                    app.Table("requests-done", default=int, partitions=partitions),
                    app.Table("last-cycle", default=dict, partitions=partitions),
-                   app.Table("cycle-outcomes", default=dict, partitions=partitions))
+                   app.Table("cycle-outcomes", default=dict, partitions=partitions),
+                   app.Table("gates", default=dict, partitions=partitions))
 
 
 def write(table, partition: int, key: str, value: Any) -> asyncio.Future:
@@ -79,7 +81,7 @@ class Outlets:
                     settings.topic_requests: raw(settings.dlq_reflections)}
 
     def topic_of(self, event: Event):
-        if isinstance(event, (ReflectionRequested, ChallengeRequested, InvalidationRequested)):
+        if isinstance(event, (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested)):
             return self.requests
         return self.reflections if event.TYPE.startswith("Reflection") else self.episodes
 

@@ -383,10 +383,6 @@ SPECS: tuple[Spec, ...] = (
          "Default refresh policy of reads: serve the view as is, or wait for a due cycle's beliefs."),
     Spec("refresh_timeout", "REFLECT_REFRESH_TIMEOUT", "10.0", _positive_float,
          "Seconds a blocking read waits for due cycles before it answers, saying it is stale."),
-    Spec("cycle_wait", "REFLECT_CYCLE_WAIT", "120.0", _positive_float,
-         "Seconds the contradiction and staleness gates (REFLECT_CHALLENGE, REFLECT_STALE_AFTER_DAYS; both off "
-         "by default) wait for a user's asked cycles before judging new episodes against their beliefs (past it, "
-         "the gate goes on and its judgement may depend on timing). Late episodes and retractions never wait."),
     Spec("recall_min_score", "REFLECT_RECALL_MIN_SCORE", "", _optional_score,
          "Hybrid score (cosine + BM25 share, boosted) a live belief needs to be served for a pattern question, "
          "ranked together with the episodes (else episodes only); empty: the embedder's own, minilm and hashing "
@@ -577,7 +573,6 @@ class Settings:
     breaker_cooldown: float
     refresh: str
     refresh_timeout: float
-    cycle_wait: float
     recall_min_score: float
     grounding_min_cosine: float | None
     challenge: str

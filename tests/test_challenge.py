@@ -109,8 +109,15 @@ def beliefs(view) -> dict[str, dict]:
 
 
 def logged(runtime, kind) -> list:
-    topic = runtime.outlets.requests if kind is ChallengeRequested else runtime.outlets.reflections
-    return [e for e in topic.events() if isinstance(e, kind)]
+    return [e for e in runtime.outlets.reflections.events() if isinstance(e, kind)]
+
+
+def challenges(runtime) -> list[ReflectionChallenged]:
+    """The challenge cycles run, in log order: each one's audit record (the
+    gates run them where they judge, in the requests pipeline, so no
+    ChallengeRequested reaches the log)."""
+    assert not [e for e in runtime.outlets.requests.events() if isinstance(e, ChallengeRequested)]
+    return logged(runtime, ReflectionChallenged)
 
 
 def test_contradicting_episodes_supersede_the_old_beliefs_with_a_successor_citing_them(tmp_path):
@@ -131,7 +138,7 @@ def test_contradicting_episodes_supersede_the_old_beliefs_with_a_successor_citin
     [successor] = {verdicts[o["reflection_id"]].successor_id for o in first}
     assert held[successor]["supersedes"] in {o["reflection_id"] for o in first}
     # Within one batch of the contradicting episodes: the first of them, as many as the quorum, make the challenge.
-    first_challenge = min(logged(runtime, ChallengeRequested), key=lambda r: r.sequence)
+    first_challenge = challenges(runtime)[0]
     quorum = quorum_of(held[first_challenge.reflection_id], 3)
     assert first_challenge.challenger_ids == tuple(f"pandas-{i}" for i in range(1, quorum + 1))
     live = [p for p in held.values() if p["status"] == "live"]
@@ -150,7 +157,7 @@ def test_supporting_episodes_reinforce_and_supersede_nothing(tmp_path):
 
 def test_unrelated_episodes_ask_no_challenge(tmp_path):
     runtime, view = run_story(tmp_path, story(OTHER, "other"))
-    assert beliefs(view) and not logged(runtime, ChallengeRequested) and not logged(runtime, ReflectionChallenged)
+    assert beliefs(view) and not challenges(runtime)
 
 
 def test_the_story_in_batches_of_256_and_of_3_gives_the_same_beliefs(tmp_path):
@@ -163,10 +170,10 @@ def test_the_story_in_batches_of_256_and_of_3_gives_the_same_beliefs(tmp_path):
 
 def test_the_daily_budget_and_the_switch_bound_the_challenges(tmp_path):
     runtime, _ = run_story(tmp_path / "budget", story(PANDAS, "pandas"), challenge_daily=1)
-    asked = logged(runtime, ChallengeRequested)
+    asked = challenges(runtime)
     assert len(asked) == 1  # the ten episodes fall on one day of valid time
     runtime, view = run_story(tmp_path / "off", story(PANDAS, "pandas"), challenge="off")
-    assert not logged(runtime, ChallengeRequested) and all(p["status"] == "live" for p in beliefs(view).values())
+    assert not challenges(runtime) and all(p["status"] == "live" for p in beliefs(view).values())
 
 
 # ------------------------------------------------------------------ staleness
@@ -199,9 +206,9 @@ def test_a_belief_goes_stale_at_the_horizon_in_valid_time_and_comes_back_on_fres
     assert first <= due and went == due
     assert {e.cause for e in gone} == {"other-9"} and {e.occurred_at for e in gone} == {"2026-04-02T09:00:00Z"}
     # Revalidated: a challenge by the user's recent episodes newer than its support, up to the cause.
-    revalidations = [r for r in runtime.outlets.requests.events() if r.cycle_id.startswith(f"{USER}:refresh:")]
+    revalidations = [r for r in challenges(runtime) if r.cycle_id.startswith(f"{USER}:refresh:")]
     assert {r.reflection_id for r in revalidations} == went
-    assert all(isinstance(r, ChallengeRequested) and r.challenger_ids[-1] == "other-9" for r in revalidations)
+    assert all(r.challenger_ids[-1] == "other-9" for r in revalidations)
     back = [e for e in staled if not e.stale]
     assert back and {e.reflection_id for e in back} <= went  # fresh support (day 40 on) brought them back
     held = beliefs(view)

@@ -75,12 +75,11 @@ def test_polars_to_pandas_supersedes_the_old_beliefs_with_history_and_a_successo
     assert len(now_held["belief"]["evidence_ids"]) >= 2 and set(now_held["belief"]["evidence_ids"]) <= pandas
 
     # Within one batch of the contradicting episodes: the first of them, as many as the quorum, made the challenge.
-    requests = run(read_topic(s, s.topic_requests, lambda r: decode(r.value)))
-    challenges = [r for r in requests if r.TYPE == "ChallengeRequested"]
-    quorum = quorum_of(explain(challenges[0].reflection_id)["belief"], s.challenge_quorum)
-    assert challenges[0].challenger_ids == tuple(f"pandas-{i}" for i in range(1, quorum + 1))
+    # (A challenge runs where the gates judge the run, in the requests pipeline: its record is its verdict.)
     reflections = run(read_topic(s, s.topic_reflections, lambda r: decode(r.value)))
     verdicts = [e for e in reflections if e.TYPE == "ReflectionChallenged"]
+    quorum = quorum_of(explain(verdicts[0].reflection_id)["belief"], s.challenge_quorum)
+    assert verdicts[0].challenger_ids == tuple(f"pandas-{i}" for i in range(1, quorum + 1))
     [reasoner] = {e.reasoner for e in verdicts}  # the offline one says what it is: offline-extractive
     assert reasoner.startswith(s.reasoner) and all(e.outcome == "ok" for e in verdicts)
     assert {e.heuristic for e in verdicts} == {s.reasoner == "offline"}  # the offline verdict says it is a heuristic

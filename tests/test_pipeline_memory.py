@@ -25,7 +25,7 @@ from processors.embedders import HashingEmbedder
 from processors.projector import point_id
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
-from schemas import (EpisodeRecorded, EpisodeRetracted, InvalidationRequested, ReflectionChallenged,
+from schemas import (EpisodeRecorded, EpisodeRetracted, GateRequested, InvalidationRequested, ReflectionChallenged,
                      ReflectionCreated, ReflectionCycleCompleted, decode)
 from streams.pipeline.policy import PROBE_USER, Backoff
 from streams.runtime import Runtime
@@ -75,7 +75,9 @@ class Witness:
         # spent whether or not the cycle's events reach the log.
         self.checks = {"accumulators": self.counted_in_view, "invalidator": self.gone_in_view,
                        "requests-done": self.answered_in_log, "reasoner-spend": lambda key, value: None,
-                       "last-cycle": self.completed_in_log, "cycle-outcomes": self.not_yet_in_log}
+                       "last-cycle": self.completed_in_log, "cycle-outcomes": self.not_yet_in_log,
+                       "gates": self.undone_in_log}
+        self.gates: dict[str, dict] = {}  # user → the gates' state last written
         runtime.app.on_write = self
 
     def __call__(self, table: str, key: str, value) -> None:
@@ -106,12 +108,25 @@ class Witness:
                for e in self.outlets.reflections.events()):
             return f"cycle {outcome['cycle_id']} was completed on the log (stored after its publish, or twice)"
 
+    def undone_in_log(self, user: str, gates: dict):
+        """The gates' outbox holds only challenges not yet run: each is taken out once done."""
+        self.gates[user] = gates
+        done = {e.cycle_id for e in self.outlets.reflections.events() if isinstance(e, ReflectionChallenged)}
+        return [f"challenge {e['cycle_id']} was not yet completed on the log" for e in gates["outbox"]
+                if e["type"] == "ChallengeRequested" and e["cycle_id"] in done]
+
     def answered_in_log(self, user: str, sequence: int):
         """The user's requests up to `sequence` are done: this one's cycle
         completed on the log (or its request dead-lettered), its beliefs in the view."""
         asked = [e for e in self.outlets.requests.events() if e.user_id == user and e.sequence == sequence]
         if asked and isinstance(asked[0], InvalidationRequested):  # its decisions: see gone_in_view
             return self.gone_in_view(user, {"gone": [asked[0].episode_id]})
+        if asked and isinstance(asked[0], GateRequested):  # judged to its last episode, and what it asked done
+            gates = self.gates.get(user, {})
+            if (gates.get("sequence"), gates.get("judged"), gates.get("outbox")) != \
+                    (sequence, len(asked[0].episodes), []):
+                return f"gate request {sequence} was judged and what it asked done"
+            return None
         cycles = [e.cycle_id for e in asked]
         if not cycles:
             return f"request {sequence} was on the requests topic"

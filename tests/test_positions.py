@@ -29,8 +29,8 @@ from memory_worker import MemoryWorker, memory_runtime
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
 from processors.view import POSITION, EdgeView
-from schemas import (ChallengeRequested, EpisodeRecorded, InvalidationRequested, ReflectionCycleCompleted,
-                     ReflectionRequested)
+from schemas import (EpisodeRecorded, GateRequested, InvalidationRequested, ReflectionChallenged,
+                     ReflectionCycleCompleted, ReflectionRequested)
 from streams.pipeline.runner import HandedOver
 from streams.settings import Settings
 from test_determinism import MIN_EPISODES, THRESHOLD, as_set, differences, history
@@ -38,7 +38,7 @@ from test_faults_crash import beliefs_of, episode_stream, points_of, users_by_pa
 from test_faults_view import erasing
 
 USERS = users_by_partition(1, 4)
-WAIT = 30.0  # REFLECT_CYCLE_WAIT for these runs: a pipeline that still waited would take that long
+WAIT = 30.0  # seconds: ingest that waited for a cycle the reasoner holds back would not end in a third of it
 
 
 def late(events, spread: int = 8, seed: int = 3):
@@ -76,7 +76,7 @@ class BehindReasoner(MemoryWorker):
 
 def settings_for(tmp, batch: int, **overrides) -> Settings:
     return Settings.load(env={}, data_dir=str(tmp), threshold=THRESHOLD, min_episodes=MIN_EPISODES,
-                         projector_batch=batch, cycle_wait=WAIT, **overrides)
+                         projector_batch=batch, **overrides)
 
 
 def run(tmp, events, batch: int, worker_class=MemoryWorker, **overrides):
@@ -140,7 +140,7 @@ class HandsOver(MemoryWorker):
 
         async def publish_then_stop(events) -> None:
             await publish(events)
-            requests = {e.event_id for e in events if isinstance(e, (ReflectionRequested, ChallengeRequested,
+            requests = {e.event_id for e in events if isinstance(e, (ReflectionRequested, GateRequested,
                                                                      InvalidationRequested))}
             if requests - self.stops:
                 self.stops |= requests
@@ -162,7 +162,8 @@ def test_a_stop_after_a_request_reached_the_log_replays_to_the_same_beliefs(tmp_
     _, _, once = run(tmp_path / "once", events, batch=256, challenge="on")
     stopped, _, again = run(tmp_path / "stopped", events, batch=5, challenge="on", worker_class=HandsOver)
     asked = [e for e in stopped.runtime.outlets.requests.events()]
-    assert len(stopped.stops) >= len(USERS) * 8 and any(isinstance(e, ChallengeRequested) for e in asked)
+    assert len(stopped.stops) >= len(USERS) * 8 and any(isinstance(e, GateRequested) for e in asked)
+    assert any(isinstance(e, ReflectionChallenged) for e in stopped.runtime.outlets.reflections.events())
     for user, held in beliefs_of(once).items():
         diff = differences({rid: as_set(p) for rid, p in held.items()},
                            {rid: as_set(p) for rid, p in beliefs_of(again)[user].items()})

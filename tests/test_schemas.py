@@ -47,6 +47,8 @@ EXAMPLES = [
                              cause="ep-9"),
     schemas.InvalidationRequested(user_id="alice", episode_id="ep-3", reason="incorrect", retraction_id="ev-12",
                                   sequence=5, position=311),
+    schemas.GateRequested(user_id="alice", episodes=({"id": "ep-8", "occurred_at": T, "position": 312},),
+                          recent=({"id": "ep-7", "occurred_at": T, "kind": "episode"},), sequence=6, position=312),
 ]
 
 

@@ -28,19 +28,21 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from processors.accumulator import Accumulator
 from processors.challenger import refused_challenge, run_challenge
+from processors.gate import Gates, Rules, bearing_of, weigh
 from processors.guard import Spend, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state, placed
 from processors.projector import REFLECTION_TYPES, ReflectionProjector
 from processors.reasoners import Reasoner, Remembered
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from processors.tenants import tenant_of
-from schemas import (ChallengeRequested, Event, InvalidationRequested, ReflectionCycleCompleted, ReflectionRequested,
-                     from_dict)
+from schemas import (ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionCycleCompleted,
+                     ReflectionRequested, from_dict)
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
@@ -67,14 +69,19 @@ def spend_keys(request: ReflectionRequested, partition: int, delimiter: str) -> 
 class RequestsPipeline(Runner):
     def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
-        self.config = CycleConfig.from_settings(runtime.settings)
+        settings = runtime.settings
+        self.config = CycleConfig.from_settings(settings)
         self.project = ReflectionProjector(runtime.view, runtime.embedder).apply
-        self.invalidator = Invalidator(runtime.view, runtime.settings.citation_floor, runtime.settings.max_depth)
+        self.invalidator = Invalidator(runtime.view, settings.citation_floor, settings.max_depth)
+        self.rules = Rules.from_settings(settings)
+        self.vectors: dict = {}  # the gate's cache of belief and evidence vectors (processors/gate.py)
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         for request, message in admitted:
             if isinstance(request, InvalidationRequested):
                 await self.invalidate(request, message)
+            elif isinstance(request, GateRequested):
+                await self.judge(request, message)
             else:
                 await self.reflect(request, message)
 
@@ -240,3 +247,58 @@ class RequestsPipeline(Runner):
                 state["revalidations"] = state.get("revalidations", 0) + len(revalidations)  # for stats
                 write(table, message.partition, user, state)
         await self.mark_done(request, message.partition)
+
+    async def judge(self, request: GateRequested, message) -> None:
+        """A run of the user's new episodes through the contradiction and
+        staleness gates, after every request asked before it: against the
+        beliefs of those cycles. Judged in steps, each up to an episode that
+        asks for something (a challenge, a belief gone stale): what it asks
+        is stored with the gates' state (an outbox), then done here and now —
+        the ReflectionStaled events published and projected, the challenge
+        cycles run at that episode's position — and the next step judges
+        against what they decided. A crash or a handover resumes from the
+        state: the outbox is done again where it is not done, and judging
+        goes on from the first episode not judged."""
+        if self.done_already(request):
+            return
+        user, partition, table = request.user_id, message.partition, self.runtime.tables.gates
+        gates = Gates.from_dict(table.get(user)).at(request)
+        gates = await self.carry_out(gates, user, partition, message)
+        episodes, settings = list(request.episodes), self.runtime.settings
+        while gates.judged < len(episodes):
+            todo = episodes[gates.judged:]
+            try:  # a view that does not answer is waited for, as by every stage
+                scores, quorums, live = await self.runtime.policy.until_done(
+                    "challenge-gate", lambda: asyncio.to_thread(bearing_of, self.runtime.view, user, todo,
+                                                                settings.challenge_quorum, self.rules.contradiction,
+                                                                self.vectors))
+            except Exception:  # a bug of the gate's: the episodes are in the view already, nothing to dead-letter
+                log.exception("the gates failed for %d episode(s) of user %s: not judged", len(todo), user)
+                break
+            gates, asked_now, done = weigh(gates, user, todo, scores, quorums, live, request.recent, self.rules)
+            asked_now = placed(asked_now, todo[done - 1]["position"])
+            gates = replace(gates, judged=gates.judged + done, outbox=tuple(e.to_dict() for e in asked_now))
+            await write(table, partition, user, gates.to_dict())  # decided, stored, then done
+            gates = await self.carry_out(gates, user, partition, message)
+        await self.mark_done(request, partition)
+
+    async def carry_out(self, gates: Gates, user: str, partition: int, message) -> Gates:
+        """What the gates decided and stored, done: ReflectionStaled events on
+        the log, then in the view; each challenge cycle run, and taken out of
+        the outbox once done (a crash asks no done cycle again)."""
+        events, table = [from_dict(e) for e in gates.outbox], self.runtime.tables.gates
+        if not events:
+            return gates
+        staled = [e for e in events if isinstance(e, REFLECTION_TYPES)]
+        if staled:
+            await self.publish(staled)
+            await self.runtime.policy.until_done("project-reflections", lambda: asyncio.to_thread(self.project, staled))
+        challenges = [e for e in events if isinstance(e, ChallengeRequested)]
+        for n, challenge in enumerate(challenges, start=1):
+            await self.reflect(challenge, message)
+            gates = replace(gates, outbox=tuple(c.to_dict() for c in challenges[n:]))
+            await write(table, partition, user, gates.to_dict())
+        if not challenges:
+            gates = replace(gates, outbox=())
+            await write(table, partition, user, gates.to_dict())
+        return gates
