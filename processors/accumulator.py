@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
-from schemas import (EpisodeRecorded, EpisodeRetracted, Event, GateRequested, InvalidationRequested, ReflectionRequested,
-                     parse_time)
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested, parse_time
 
 WINDOW = 100
 
@@ -45,6 +44,7 @@ class Accumulator:
     last_cycle_at: str | None = None
     recent: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     asked: int = 0  # requests forwarded so far, of every kind: the last one's sequence
+    gate_runs: int = 0  # runs forwarded to the gates: numbered apart, as their count depends on the batches
     forwarded: tuple[str, ...] = field(default_factory=tuple)  # the newest manual cycle ids forwarded
     asked_by: dict[str, int] = field(default_factory=dict)  # requests forwarded by `why` (threshold, manual, …)
     asked_at: str | None = None  # the latest valid time of a request asked so far
@@ -132,17 +132,7 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
 def kind_of(request) -> str:
     if isinstance(request, InvalidationRequested):
         return "invalidation"
-    if isinstance(request, GateRequested):
-        return "gate"
     return getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
-
-
-def unnumbered(acc: Accumulator, requests: list) -> Accumulator:
-    """`acc` as before `requests` were numbered (to number them again later)."""
-    by_why = dict(acc.asked_by)
-    for request in requests:
-        by_why[kind_of(request)] -= 1
-    return replace(acc, asked=acc.asked - len(requests), asked_by={k: n for k, n in by_why.items() if n})
 
 
 def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:

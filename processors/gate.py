@@ -34,6 +34,7 @@ class Gates:
     challenging: tuple[dict[str, Any], ...] = ()  # open challenges (processors/challenge.gather)
     stream_at: str | None = None  # the latest valid time of the user's episodes judged so far (staleness)
     challenges: int = 0  # challenge cycles asked so far, for stats
+    done: int = 0  # the last gate request judged to its end and done (GateRequested.sequence)
     # The gate request in hand: its sequence, how many of its episodes are
     # judged, and what they decided that is not done yet (an outbox: after a
     # crash or a handover the next owner does it, then judges on).

@@ -221,7 +221,7 @@ class GateRequested(Event):
     TYPE: ClassVar[str] = "GateRequested"
     episodes: tuple[dict[str, Any], ...]  # the run in log order: {"id", "occurred_at", "position"}
     recent: tuple[dict[str, Any], ...]  # the user's recent window as of the run's last episode: {"id", "occurred_at"}
-    sequence: int | None = None
+    sequence: int | None = None  # among the user's gate runs (not the request sequence: see the schema)
     position: int | None = None  # the offset of the run's last episode
 
 

@@ -109,24 +109,27 @@ class Witness:
             return f"cycle {outcome['cycle_id']} was completed on the log (stored after its publish, or twice)"
 
     def undone_in_log(self, user: str, gates: dict):
-        """The gates' outbox holds only challenges not yet run: each is taken out once done."""
-        self.gates[user] = gates
+        """The gates' outbox holds only challenges not yet run: each is taken
+        out once done; and a gate request is done once judged to its end with
+        nothing left to do."""
         done = {e.cycle_id for e in self.outlets.reflections.events() if isinstance(e, ReflectionChallenged)}
-        return [f"challenge {e['cycle_id']} was not yet completed on the log" for e in gates["outbox"]
-                if e["type"] == "ChallengeRequested" and e["cycle_id"] in done]
+        problems = [f"challenge {e['cycle_id']} was not yet completed on the log" for e in gates["outbox"]
+                    if e["type"] == "ChallengeRequested" and e["cycle_id"] in done]
+        if gates["done"] > self.gates.get(user, {}).get("done", 0):
+            [run] = [e for e in self.outlets.requests.events()
+                     if isinstance(e, GateRequested) and e.user_id == user and e.sequence == gates["done"]]
+            if (gates["sequence"], gates["judged"], gates["outbox"]) != (gates["done"], len(run.episodes), []):
+                problems.append(f"gate request {gates['done']} was judged to its end and what it asked done")
+        self.gates[user] = gates
+        return problems
 
     def answered_in_log(self, user: str, sequence: int):
         """The user's requests up to `sequence` are done: this one's cycle
         completed on the log (or its request dead-lettered), its beliefs in the view."""
-        asked = [e for e in self.outlets.requests.events() if e.user_id == user and e.sequence == sequence]
+        asked = [e for e in self.outlets.requests.events()  # gate runs are numbered apart (see undone_in_log)
+                 if e.user_id == user and e.sequence == sequence and not isinstance(e, GateRequested)]
         if asked and isinstance(asked[0], InvalidationRequested):  # its decisions: see gone_in_view
             return self.gone_in_view(user, {"gone": [asked[0].episode_id]})
-        if asked and isinstance(asked[0], GateRequested):  # judged to its last episode, and what it asked done
-            gates = self.gates.get(user, {})
-            if (gates.get("sequence"), gates.get("judged"), gates.get("outbox")) != \
-                    (sequence, len(asked[0].episodes), []):
-                return f"gate request {sequence} was judged and what it asked done"
-            return None
         cycles = [e.cycle_id for e in asked]
         if not cycles:
             return f"request {sequence} was on the requests topic"

@@ -34,7 +34,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from processors.accumulator import Accumulator, Trigger, admit, number, unnumbered
+from processors.accumulator import Accumulator, Trigger, admit, number
 from processors.embedders import Precomputed
 from processors.gate import gate_requests
 from processors.invalidator import forwarded
@@ -148,15 +148,15 @@ class EpisodesPipeline(Runner):
                     changed: dict[str, Accumulator], fired: list[Event], positions: dict[str, int]) -> None:
         """The run forwarded to the gates when one is on (GateRequested: they
         judge it in the requests pipeline, after the cycles asked before it),
-        then `fired` (the request the run's last episode fired, if any), all
-        in the user's sequence, stored with the state before they are published."""
-        acc = changed[user]
-        if self.gated_on and run:
-            acc = unnumbered(acc, fired)  # numbered again after the run's
-            asked = []
-            for request in [*gate_requests(user, run, positions), *fired]:
-                acc, request = number(acc, request)
-                asked.append(request)
-            fired = asked
+        then `fired` (the request the run's last episode fired, if any),
+        stored with the state before they are published. Runs are numbered
+        apart from the user's requests: where a run ends depends on the
+        batches, so their count does too (never what they decide: a run cut
+        in two is judged as one, as nothing is asked between the parts)."""
+        acc, asked = changed[user], []
+        if self.gated_on:
+            for request in gate_requests(user, run, positions):
+                acc = replace(acc, gate_runs=acc.gate_runs + 1)
+                asked.append(replace(request, sequence=acc.gate_runs))
         changed[user] = acc
-        await self.emit(user, partition, acc, fired)
+        await self.emit(user, partition, acc, [*asked, *fired])

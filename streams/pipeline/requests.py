@@ -259,10 +259,11 @@ class RequestsPipeline(Runner):
         against what they decided. A crash or a handover resumes from the
         state: the outbox is done again where it is not done, and judging
         goes on from the first episode not judged."""
-        if self.done_already(request):
-            return
         user, partition, table = request.user_id, message.partition, self.runtime.tables.gates
-        gates = Gates.from_dict(table.get(user)).at(request)
+        gates = Gates.from_dict(table.get(user))
+        if request.sequence is not None and request.sequence <= gates.done:
+            return  # a redelivery
+        gates = gates.at(request)
         gates = await self.carry_out(gates, user, partition, message)
         episodes, settings = list(request.episodes), self.runtime.settings
         while gates.judged < len(episodes):
@@ -280,7 +281,7 @@ class RequestsPipeline(Runner):
             gates = replace(gates, judged=gates.judged + done, outbox=tuple(e.to_dict() for e in asked_now))
             await write(table, partition, user, gates.to_dict())  # decided, stored, then done
             gates = await self.carry_out(gates, user, partition, message)
-        await self.mark_done(request, partition)
+        await write(table, partition, user, replace(gates, done=request.sequence or gates.done).to_dict())
 
     async def carry_out(self, gates: Gates, user: str, partition: int, message) -> Gates:
         """What the gates decided and stored, done: ReflectionStaled events on

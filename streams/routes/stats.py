@@ -22,9 +22,8 @@ def counts(view, user_id: str) -> dict[str, int]:
 
 
 def cycle_kinds(asked_by: dict[str, int], revalidations: int, challenges: int) -> dict[str, int]:
-    """Cycles asked by kind; a forwarded retraction or run of episodes for
-    the gates is a request but no cycle."""
-    asked = {why: n for why, n in asked_by.items() if why not in ("invalidation", "gate")}
+    """Cycles asked by kind; a forwarded retraction is a request but no cycle."""
+    asked = {why: n for why, n in asked_by.items() if why != "invalidation"}
     # Revalidations and challenges were numbered here before they ran within a walk or a gate's judgement.
     counted = {why: asked.get(why, 0) for why in CYCLE_KINDS} | asked | \
         {"revalidation": asked.get("revalidation", 0) + revalidations}
@@ -48,7 +47,7 @@ class Stats(View):
             # Revalidation cycles run within their retraction's walk (streams/pipeline/requests.py).
             "cycles_by_kind": cycle_kinds(acc.asked_by, walked.get("revalidations", 0),
                                           Gates.from_dict(ctx.tables.gates.get(user_id)).challenges),
-            # Every request asked (threshold, manual, a retraction's walk, a run for the gates) and those done.
+            # Every request asked (threshold, manual, a retraction's walk) and those done.
             "requests": acc.asked, "requests_done": ctx.tables.requests_done.get(user_id) or 0,
             "tokens_today": spent.today(day_of(datetime.now(timezone.utc))),
             "last_cycle": ctx.tables.last_cycle.get(user_id) or None,  # what it made, or why nothing
