@@ -55,6 +55,12 @@ class Gates:
         return self if self.sequence == request.sequence else replace(self, sequence=request.sequence, judged=0,
                                                                       outbox=())
 
+    def closed(self, request: GateRequested) -> "Gates":
+        """Marked done once `request` is judged to its end and nothing it asked is left to do."""
+        if self.outbox or self.judged < len(request.episodes) or request.sequence is None:
+            return self
+        return replace(self, done=request.sequence)
+
 
 @dataclass(frozen=True)
 class Rules:

@@ -110,8 +110,11 @@ class Witness:
 
     def undone_in_log(self, user: str, gates: dict):
         """The gates' outbox holds only challenges not yet run: each is taken
-        out once done; and a gate request is done once judged to its end with
-        nothing left to do."""
+        out once done; a gate request is done once judged to its end with
+        nothing left to do, and marked so in the write that ends it."""
+        last = self.gates.get(user)
+        if last is not None and {**last, "done": 0} == {**gates, "done": 0}:  # one write per decision
+            return [f"(again, only to mark run {gates['sequence']} done: one write would do)"]
         done = {e.cycle_id for e in self.outlets.reflections.events() if isinstance(e, ReflectionChallenged)}
         problems = [f"challenge {e['cycle_id']} was not yet completed on the log" for e in gates["outbox"]
                     if e["type"] == "ChallengeRequested" and e["cycle_id"] in done]

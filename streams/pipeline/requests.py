@@ -263,8 +263,7 @@ class RequestsPipeline(Runner):
         gates = Gates.from_dict(table.get(user))
         if request.sequence is not None and request.sequence <= gates.done:
             return  # a redelivery
-        gates = gates.at(request)
-        gates = await self.carry_out(gates, user, partition, message)
+        gates = await self.carry_out(gates.at(request), request, partition, message)
         episodes, settings = list(request.episodes), self.runtime.settings
         while gates.judged < len(episodes):
             todo = episodes[gates.judged:]
@@ -279,15 +278,23 @@ class RequestsPipeline(Runner):
             gates, asked_now, done = weigh(gates, user, todo, scores, quorums, live, request.recent, self.rules)
             asked_now = placed(asked_now, todo[done - 1]["position"])
             gates = replace(gates, judged=gates.judged + done, outbox=tuple(e.to_dict() for e in asked_now))
-            await write(table, partition, user, gates.to_dict())  # decided, stored, then done
-            gates = await self.carry_out(gates, user, partition, message)
-        await write(table, partition, user, replace(gates, done=request.sequence or gates.done).to_dict())
+            gates = await self.store(gates, request, partition)  # decided, stored, then done
+            gates = await self.carry_out(gates, request, partition, message)
+        if request.sequence is not None and gates.done != request.sequence:  # cut short, or stored before
+            await write(table, partition, user, replace(gates, done=request.sequence).to_dict())
 
-    async def carry_out(self, gates: Gates, user: str, partition: int, message) -> Gates:
+    async def store(self, gates: Gates, request: GateRequested, partition: int) -> Gates:
+        """The gates' state written, marked done in the same write once the
+        run is judged to its end and nothing it asked is left to do."""
+        gates = gates.closed(request)
+        await write(self.runtime.tables.gates, partition, request.user_id, gates.to_dict())
+        return gates
+
+    async def carry_out(self, gates: Gates, request: GateRequested, partition: int, message) -> Gates:
         """What the gates decided and stored, done: ReflectionStaled events on
         the log, then in the view; each challenge cycle run, and taken out of
         the outbox once done (a crash asks no done cycle again)."""
-        events, table = [from_dict(e) for e in gates.outbox], self.runtime.tables.gates
+        events = [from_dict(e) for e in gates.outbox]
         if not events:
             return gates
         staled = [e for e in events if isinstance(e, REFLECTION_TYPES)]
@@ -297,9 +304,8 @@ class RequestsPipeline(Runner):
         challenges = [e for e in events if isinstance(e, ChallengeRequested)]
         for n, challenge in enumerate(challenges, start=1):
             await self.reflect(challenge, message)
-            gates = replace(gates, outbox=tuple(c.to_dict() for c in challenges[n:]))
-            await write(table, partition, user, gates.to_dict())
+            gates = await self.store(replace(gates, outbox=tuple(c.to_dict() for c in challenges[n:])), request,
+                                     partition)
         if not challenges:
-            gates = replace(gates, outbox=())
-            await write(table, partition, user, gates.to_dict())
+            gates = await self.store(replace(gates, outbox=()), request, partition)
         return gates
