@@ -101,13 +101,17 @@ class EpisodesPipeline(Runner):
         changed = {user: await self.resent(user, partition) for user, partition in partitions.items()}
         runs: dict[str, list[tuple[EpisodeRecorded, Accumulator]]] = {}  # with the state as each was admitted
         positions = {r.episode_id: m.offset for r, m in applied if isinstance(r, EpisodeRecorded)}
+        redelivered: dict[str, list[int]] = {}  # user → the offsets skipped, after the state's own
         for record, message in applied:
             user, acc = record.user_id, changed[record.user_id]
             if acc.applied_at(message.offset):
+                redelivered.setdefault(user, [acc.applied]).append(message.offset)
                 continue
             acc = replace(acc, applied=message.offset)
             if isinstance(record, EpisodeRecorded) and (first or {}).get(record.episode_id, message.offset) < \
                     message.offset:
+                log.info("user %s: episode %s logged again at offset %d (first at %d): counted once", user,
+                         record.episode_id, message.offset, first[record.episode_id])
                 changed[user] = acc  # logged before: counted then
                 continue
             new = isinstance(record, EpisodeRecorded) and not acc.holds(record.episode_id)
@@ -120,6 +124,9 @@ class EpisodesPipeline(Runner):
             elif request is not None:
                 request = replace(request, position=message.offset)
                 await self.gated(user, message.partition, runs.pop(user, []), changed, [request], positions)
+        for user, (state, *offsets) in redelivered.items():  # a crash or a handover between a write and its commit
+            log.info("user %s: %d record(s) at offsets %d–%d redelivered, applied already (the state is at %d): "
+                     "skipped", user, len(offsets), offsets[0], offsets[-1], state)
         for user, run in runs.items():
             await self.gated(user, partitions[user], run, changed, [], positions)
         await asyncio.gather(*(write(table, partitions[user], user, acc.to_dict()) for user, acc in changed.items()))
