@@ -192,12 +192,3 @@ def _frozen(value):
     if isinstance(value, (list, tuple)):
         return tuple(_frozen(v) for v in value)
     return value
-
-
-def make_reasoner(settings, embedder: Embedder | None = None) -> Reasoner:
-    """The offline reasoner groups by meaning with the worker's own embedder."""
-    if settings.reasoner == "offline":
-        return OfflineReasoner(embedder)
-    from processors.anthropic_reasoner import AnthropicReasoner
-
-    return AnthropicReasoner.from_settings(settings)

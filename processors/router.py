@@ -1,7 +1,7 @@
 """A learned router: is a question about one event (instance) or a habit (pattern)?
 
 Logistic regression over the question's embedding plus the regex cues of
-`retrieval.classify` as extra features, trained on a labeled set kept as data
+`cues.classify` as extra features, trained on a labeled set kept as data
 (processors/data/router_queries.tsv). Pure numpy, deterministic (full-batch
 gradient descent from zeros). When the model is unsure, the caller answers
 both ways ranked together, so a wrong guess costs no recall.
@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from processors.cues import GENERAL, INSTANCE_CUES, PATTERN_CUES, cues_in
+
 DATA = Path(__file__).resolve().parent / "data" / "router_queries.tsv"
 UNSURE = 0.2  # |p(pattern) − 0.5| below this: answer both ways
 
@@ -27,12 +29,10 @@ def labeled(path: Path = DATA) -> list[tuple[str, str]]:
 
 def cue_features(questions: Sequence[str]) -> np.ndarray:
     """The regex cues' weights (instance, pattern) and the general-question flag, scaled to ~0..1."""
-    from processors.retrieval import GENERAL, INSTANCE_CUES, PATTERN_CUES, _cues
-
     rows = []
     for q in questions:
         text = q.lower()
-        rows.append([sum(w for _, w in _cues(text, INSTANCE_CUES)) / 4, sum(w for _, w in _cues(text, PATTERN_CUES)) / 4,
+        rows.append([sum(w for _, w in cues_in(text, INSTANCE_CUES)) / 4, sum(w for _, w in cues_in(text, PATTERN_CUES)) / 4,
                      1.0 if GENERAL.search(text) else 0.0])
     return np.asarray(rows, dtype=np.float32)
 

@@ -17,7 +17,7 @@ import faust
 
 from processors import router
 from processors.embedders import make_embedder
-from processors.reasoners import make_reasoner
+from streams.adapters.factory import make_reasoner
 from processors.view import EmbedderMismatch, open_view, stop_optimizing
 from streams import api, forwarding, metrics, pipeline
 from streams.broker import honour_fetch_wait

@@ -7,7 +7,6 @@ REFLECT_* variable); flags win over the environment.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 
@@ -236,12 +235,14 @@ def _run(args: argparse.Namespace) -> int:
     settings = _load(args)
     if args.command == "settings":
         return _print_settings(settings, args)
+    from streams.topics import create_topics, with_broker_errors  # aiokafka: only for what needs the broker
+
     if args.command == "topics":
-        return _with_broker_errors(settings, _topics_create(settings))
+        return with_broker_errors(settings, create_topics(settings))
     if args.command == "send":
-        return _with_broker_errors(settings, _send(settings, args))
+        return with_broker_errors(settings, _send(settings, args))
     if args.command == "retract":
-        return _with_broker_errors(settings, _retract(settings, args))
+        return with_broker_errors(settings, _retract(settings, args))
     if args.command == "worker":
         return _worker(settings)
     if args.command == "dlq":
@@ -298,28 +299,6 @@ def _markdown(target: str) -> int:
     return 0
 
 
-def _with_broker_errors(settings: Settings, coro) -> int:
-    from aiokafka.errors import KafkaConnectionError, KafkaError
-
-    try:
-        return asyncio.run(coro)
-    except (KafkaConnectionError, KafkaError, OSError) as exc:
-        print(f"reflect: error: broker {settings.broker} (REFLECT_BROKER): {exc}", file=sys.stderr)
-        return 1
-
-
-async def _topics_create(settings: Settings, say=print) -> int:
-    from streams.topics import check_retention, ensure_topics
-
-    for name, outcome in (await ensure_topics(settings)).items():
-        say(f"{name}\t{outcome}\tpartitions={settings.partitions}")
-    # Every start (worker, up, demo, topics create) reads the topics of record's
-    # live configs back: a refusal raises TopicError, a SettingsError (exit 2).
-    for note in await check_retention(settings):
-        say(note)
-    return 0
-
-
 async def _send(settings: Settings, args: argparse.Namespace) -> int:
     from streams.producer import publish_episode
 
@@ -340,6 +319,7 @@ async def _retract(settings: Settings, args: argparse.Namespace) -> int:
 
 def _dlq(settings: Settings, args: argparse.Namespace) -> int:
     from streams.dlq_replay import ReplayError, Selection, SelectionError, replay
+    from streams.topics import with_broker_errors
 
     selection = Selection(frozenset(args.topic), frozenset(args.stage), args.since, args.until)
     publish = args.dlq_command == "replay" and not args.dry_run
@@ -350,7 +330,7 @@ def _dlq(settings: Settings, args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return _with_broker_errors(settings, run())
+        return with_broker_errors(settings, run())
     except (SelectionError, ReplayError) as exc:
         print(f"reflect: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, SelectionError) else 1
@@ -436,6 +416,7 @@ def _worker(settings: Settings) -> int:
 
     from streams.app import create_app
     from streams.logs import configure, worker_options
+    from streams.topics import create_topics, with_broker_errors
 
     from streams.auth import exposure_problem
 
@@ -447,7 +428,7 @@ def _worker(settings: Settings) -> int:
     configure(settings)  # until the worker applies the same configuration itself
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info
-    if _with_broker_errors(settings, _topics_create(settings, say)) != 0:
+    if with_broker_errors(settings, create_topics(settings, say)) != 0:
         return 1
     runtime = create_app(settings)
     worker = faust.Worker(runtime.app, **worker_options(settings))

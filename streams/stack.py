@@ -89,7 +89,7 @@ def up(args: argparse.Namespace) -> int:
 
     from streams.app import create_app
     from streams.broker import BrokerError, EmbeddedBroker
-    from streams.cli import _topics_create, _with_broker_errors
+    from streams.topics import create_topics, with_broker_errors
 
     settings, embedded = stack_settings(args)
     refuse_taken_port(settings, "--port")
@@ -107,7 +107,7 @@ def up(args: argparse.Namespace) -> int:
                 return 1
             settings = dataclasses.replace(settings, broker=broker.url)
         with contextlib.redirect_stdout(sys.stderr):  # topic lines are not the announcement
-            if _with_broker_errors(settings, _topics_create(settings)) != 0:
+            if with_broker_errors(settings, create_topics(settings)) != 0:
                 return 1
         runtime = create_app(settings)
         app = runtime.app

@@ -12,7 +12,9 @@ configs back and refuses a broker that would delete from them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 from typing import AsyncIterator, Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -214,3 +216,23 @@ def described(answers) -> dict[str, dict[str, str] | None]:
             out[resource["resource_name"]] = None if resource["error_code"] else {
                 e["config_names"]: e["config_value"] for e in entries if e["config_value"] is not None}
     return out
+
+
+def with_broker_errors(settings: Settings, coro) -> int:
+    """`coro` run to its exit status; a broker that cannot be reached is a line and status 1."""
+    try:
+        return asyncio.run(coro)
+    except (KafkaConnectionError, KafkaError, OSError) as exc:
+        print(f"reflect: error: broker {settings.broker} (REFLECT_BROKER): {exc}", file=sys.stderr)
+        return 1
+
+
+async def create_topics(settings: Settings, say=print) -> int:
+    """Every topic made if missing (a line each), then the topics of record's
+    live configs read back: every start (worker, up, demo, topics create)
+    does this, and a refusal raises TopicError, a SettingsError (exit 2)."""
+    for name, outcome in (await ensure_topics(settings)).items():
+        say(f"{name}\t{outcome}\tpartitions={settings.partitions}")
+    for note in await check_retention(settings):
+        say(note)
+    return 0

@@ -9,7 +9,8 @@ import pytest
 
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
-from processors.retrieval import classify, recall
+from processors.cues import classify
+from processors.retrieval import recall
 from processors.view import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionInvalidated
 

@@ -67,7 +67,7 @@ FRESH = [("Remind me what went wrong with Tuesday's release", "instance"),
 
 
 def test_fresh_questions_are_never_routed_confidently_the_wrong_way():
-    from processors.retrieval import classify
+    from processors.cues import classify
 
     routes = [(q, want, router.route(EMBEDDER, q)[0]) for q, want in FRESH]
     wrong = [(q, want, got) for q, want, got in routes if got not in (want, "both")]
