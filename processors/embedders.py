@@ -76,17 +76,3 @@ EMBEDDERS = ("hashing", "minilm", "e5-small")
 # overrides). Cosines are not comparable across models: e5's unrelated texts
 # sit near 0.7 where MiniLM's sit near 0.1 (processors/README.md, "Embedders").
 RECALL_MIN_SCORE = {"hashing": 0.3, "minilm": 0.3, "e5-small": 0.96}
-
-
-def make_embedder(name: str) -> Embedder:
-    if name == "hashing":
-        return HashingEmbedder()
-    if name == "minilm":
-        from processors.minilm import MiniLMEmbedder  # lazy: the optional `minilm` extra
-
-        return MiniLMEmbedder()
-    if name == "e5-small":
-        from processors.e5 import E5SmallEmbedder  # lazy: the optional `e5` extra
-
-        return E5SmallEmbedder()
-    raise ValueError(f"unknown embedder {name!r}")

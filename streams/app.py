@@ -16,7 +16,7 @@ from pathlib import Path
 import faust
 
 from processors import router
-from processors.embedders import make_embedder
+from streams.adapters.factory import make_embedder
 from streams.adapters.factory import make_reasoner
 from processors.view import EmbedderMismatch, open_view, stop_optimizing
 from streams import api, forwarding, metrics, pipeline

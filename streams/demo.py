@@ -192,7 +192,7 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait(10)
-    from processors.embedders import make_embedder
+    from streams.adapters.factory import make_embedder
 
     scored = score(hist, beliefs, make_embedder(settings.embedder))
     return {"user_id": hist.user_id, "episodes": len(hist.episodes), "cycles": expected,

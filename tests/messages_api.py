@@ -62,7 +62,7 @@ class OfflineModel:
             return self._answer(body)
 
     def _answer(self, body: dict) -> tuple[int, dict]:
-        from processors.anthropic_reasoner import DAY, IMPORTANCE, found_of
+        from streams.adapters.anthropic import DAY, IMPORTANCE, found_of
 
         offline, tool = self.offline, body["tool_choice"]["name"]
         data, system = body["messages"][0]["content"], body["system"][0]["text"]

@@ -10,7 +10,7 @@ import anthropic
 import pytest
 
 from messages_api import MessagesServer, OfflineModel, error, text_answer, tool_answer
-from processors.anthropic_reasoner import (PROMPT_VERSION, AnthropicReasoner, ReasonerError, found_of, price_of,
+from streams.adapters.anthropic import (PROMPT_VERSION, AnthropicReasoner, ReasonerError, found_of, price_of,
                                            usage_of, with_found)
 from processors.embedders import HashingEmbedder
 from processors.guard import Breaker, Budget, Spend

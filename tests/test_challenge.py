@@ -22,7 +22,8 @@ from challenge_story import AGAIN, MIN_EPISODES, OTHER, PANDAS, POLARS, THRESHOL
 from memory_worker import MemoryWorker, memory_runtime
 from processors.challenge import (LABELED, bearings, closed, gather, judge_one, labeled_accuracy, offline_verdict,
                                   quorum_of)
-from processors.embedders import HashingEmbedder, make_embedder
+from processors.embedders import HashingEmbedder
+from streams.adapters.factory import make_embedder
 from processors.reasoners import OfflineReasoner
 from processors.view import EdgeView, SharedView
 from schemas import ChallengeRequested, ReflectionChallenged, ReflectionCreated, ReflectionReinforced, parse_time
@@ -226,7 +227,7 @@ def test_challenges_get_half_of_a_token_budget_and_never_starve_reflection_cycle
     import anthropic
 
     from messages_api import MessagesServer, OfflineModel
-    from processors.anthropic_reasoner import AnthropicReasoner
+    from streams.adapters.anthropic import AnthropicReasoner
     from processors.guard import Spend, day_of
     from schemas import ReflectionCycleCompleted
 

@@ -16,7 +16,7 @@ from challenge_story import MIN_EPISODES, PANDAS, POLARS, THRESHOLD, USER, episo
 from conftest import read_topic, run, wait_for
 from messages_api import MessagesServer, OfflineModel
 from processors.challenge import quorum_of
-from processors.embedders import make_embedder
+from streams.adapters.factory import make_embedder
 from schemas import decode, now
 from streams.producer import Publisher
 from streams.topics import ensure_topics

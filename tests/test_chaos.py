@@ -67,7 +67,7 @@ import pytest
 from conftest import TEST_BROKER, Worker, answered, read_topic, wait_for
 from messages_api import _numbered
 from processors.accumulator import Accumulator, Trigger, admit
-from processors.anthropic_reasoner import found_of
+from streams.adapters.anthropic import found_of
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
 from streams.broker import free_port
 from streams.ownership import partition_of

@@ -58,7 +58,7 @@ def test_demo_forms_cited_beliefs_and_scores_them_in_numbers():
 
 
 def test_demo_runs_on_any_messages_api_server_with_two_calls_a_cycle_held_to_the_same_score():
-    minilm = pytest.importorskip("processors.minilm").MiniLMEmbedder
+    minilm = pytest.importorskip("streams.adapters.minilm").MiniLMEmbedder
     server = MessagesServer(OfflineModel(minilm()))  # answers as the offline reasoner, with the demo's embedder
     try:
         result = demo("--reasoner", "anthropic", ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=server.url)

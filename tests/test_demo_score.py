@@ -13,7 +13,7 @@ from sample_loop import live_beliefs
 from streams.sample import history
 from streams.score import score
 
-minilm = pytest.importorskip("processors.minilm").MiniLMEmbedder
+minilm = pytest.importorskip("streams.adapters.minilm").MiniLMEmbedder
 H = history(episodes=700)  # a third of the demo's history: enough cycles, a quarter of the time
 
 

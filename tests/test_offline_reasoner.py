@@ -106,7 +106,7 @@ GEOCODING = ["Added an automatic retry with backoff to the geocoding HTTP client
 
 
 def test_a_subsystem_name_all_its_statements_share_is_read_as_a_gap_and_glues_nothing():
-    minilm = pytest.importorskip("processors.minilm").MiniLMEmbedder
+    minilm = pytest.importorskip("streams.adapters.minilm").MiniLMEmbedder
     reasoner = OfflineReasoner(minilm())
     assert reasoner._places(GEOCODING) == {"geocoding"}  # without it, the statements are not alike
     assert without({"geocoding"}, GEOCODING[6]) == f"Fixed a small bug in {GAP} (stale cache key)."

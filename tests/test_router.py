@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from processors import router
-from processors.embedders import make_embedder
+from streams.adapters.factory import make_embedder
 
 try:
     EMBEDDER = make_embedder("minilm")

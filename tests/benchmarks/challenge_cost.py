@@ -42,7 +42,7 @@ def measure(embedder_name: str = "hashing", seed: int = 7, episodes: int = 2100,
         with tempfile.TemporaryDirectory() as tmp:
             settings = Settings.load(env={}, data_dir=tmp, embedder=embedder_name, **{"challenge": "on", **overrides})
             if embedder_name == "minilm":
-                from processors.minilm import MiniLMEmbedder
+                from streams.adapters.minilm import MiniLMEmbedder
                 embedder = MiniLMEmbedder()
             else:
                 embedder = HashingEmbedder()

@@ -126,7 +126,7 @@ def measure(sizes: list[int], reps: int = 9) -> dict:
     try:
         import anthropic
 
-        from processors.anthropic_reasoner import AnthropicReasoner
+        from streams.adapters.anthropic import AnthropicReasoner
         http = AnthropicReasoner(anthropic.Anthropic(api_key="bench", base_url=server.url, max_retries=0),
                                  "claude-haiku-4-5")
         rows = []

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
-from processors.embedders import make_embedder  # noqa: E402
+from streams.adapters.factory import make_embedder  # noqa: E402
 from processors.retrieval import recall_scoring  # noqa: E402
 from retrieval_quality import NOW, build, questions  # noqa: E402
 from streams.sample import history  # noqa: E402

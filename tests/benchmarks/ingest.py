@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conft
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import wait_for  # noqa: E402
-from processors.embedders import make_embedder  # noqa: E402
+from streams.adapters.factory import make_embedder  # noqa: E402
 from projector_throughput import bench_worker, episodes, publish, raw_consume, visible_after_publish  # noqa: E402
 from schemas import EpisodeRecorded  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402

@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
 import realtalk  # noqa: E402
-from processors.embedders import EMBEDDERS, RECALL_MIN_SCORE, Precomputed, make_embedder  # noqa: E402
+from processors.embedders import EMBEDDERS, RECALL_MIN_SCORE, Precomputed  # noqa: E402
+from streams.adapters.factory import make_embedder  # noqa: E402
 from processors.projector import EpisodeProjector, ReflectionProjector  # noqa: E402
 from processors.reasoners import OfflineReasoner  # noqa: E402
 from processors.reflector import GROUNDING_COSINE, CycleConfig, cycle_window, run_cycle  # noqa: E402

