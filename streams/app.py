@@ -16,10 +16,9 @@ from pathlib import Path
 import faust
 
 from processors import router
-from streams.adapters.factory import make_embedder
-from streams.adapters.factory import make_reasoner
 from processors.view import EmbedderMismatch, open_view, stop_optimizing
 from streams import api, forwarding, metrics, pipeline
+from streams.adapters.factory import make_embedder, make_reasoner
 from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch

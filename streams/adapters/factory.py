@@ -16,6 +16,7 @@ def make_reasoner(settings, embedder: Embedder | None = None) -> Reasoner:
 
 
 def make_embedder(name: str) -> Embedder:
+    """The embedder REFLECT_EMBEDDER names (minilm and e5-small need their extras)."""
     if name == "hashing":
         return HashingEmbedder()
     if name == "minilm":
