@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from processors.embedders import Embedder
 from processors.view import GONE, POSITION, VectorStore, ViewPoint
@@ -161,10 +161,12 @@ class EpisodeProjector:
     serves the episode meanwhile. A replay (a rebuild, a catch-up) takes it
     at once: its walk ran already, or runs on this view."""
 
-    def __init__(self, view: VectorStore, embedder: Embedder, erase_now: bool = True) -> None:
+    def __init__(self, view: VectorStore, embedder: Embedder, erase_now: bool = True,
+                 unseen: Callable[[str], bool] | None = None) -> None:
         self.view = view
         self.embedder = embedder
         self.erase_now = erase_now
+        self.unseen = unseen  # episodes no cycle may read (a replay's `without`): gone where they were logged
 
     def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> Projected:
         """`positions`: each event's offset in the episodes topic (see
@@ -186,14 +188,22 @@ class EpisodeProjector:
         texts = [*plan.upserts, *kept]
         if texts:
             vectors = self.embedder.embed([e.text for e in texts])
-            self.view.upsert([ViewPoint(episode_point(e), vec, positioned(episode_payload(e), first, e))
-                              for e, vec in zip(texts, vectors)])
+            payloads = [self._hidden(e, positioned(episode_payload(e), first, e)) for e in texts]
+            self.view.upsert([ViewPoint(episode_point(e), vec, payload)
+                              for e, vec, payload in zip(texts, vectors, payloads)])
         at = dict(zip(map(id, events), positions or ()))
         for event in plan.retractions:
             self._retract(event, known, plan, at.get(id(event)), first)
         # No flush per batch: Qdrant Edge writes each update to its WAL first,
         # which survived SIGKILL here; flushing every batch halved throughput.
         return Projected(len(plan.upserts), len(plan.retractions))
+
+    def _hidden(self, event: EpisodeRecorded, payload: dict) -> dict:
+        """As if retracted where it was logged: a cycle asked before never saw
+        it (POSITION), one asked after reads it as gone (GONE)."""
+        if self.unseen is None or not self.unseen(event.episode_id) or POSITION not in payload:
+            return payload
+        return {**payload, GONE: payload[POSITION]}
 
     def _erased_here(self, event: EpisodeRetracted) -> bool:
         return erases(event) and self.erase_now

@@ -123,6 +123,8 @@ def create_app(settings: Settings) -> Runtime:
     async def close_view(app, **kwargs) -> None:
         await runtime.commits.handed_over()  # the batches in hand, done or given up, and their commits
         stop_optimizing()  # a rebuild's or compaction's child: minutes at 500k points
+        if runtime.replays is not None:
+            await runtime.replays.close()  # side workers: streams/replay.py
         view.close()
 
     api.install(runtime)

@@ -13,7 +13,7 @@ import sys
 from schemas import ContractError
 from streams.settings import SPECS, TABLE_DOC, UP_API, UP_PORT, Settings, SettingsError
 
-READS = ("explain", "rebuild", "recall", "beliefs", "stats")  # commands against a running API
+READS = ("explain", "rebuild", "recall", "beliefs", "stats", "replay", "diff")  # commands against a running API
 
 
 SETTINGS_EPILOG = ("Every setting is also accepted as a flag (and a REFLECT_* variable); "
@@ -99,7 +99,27 @@ def build_parser() -> argparse.ArgumentParser:
         reader.add_argument("--json", action="store_true", help="print the API's answer as JSON")
     stats = commands.add_parser("stats", help="a user's figures: episodes, beliefs, cycles, tokens today")
     stats.add_argument("--user", required=True)
-    for reader in (explain, rebuild, recall, beliefs, stats):
+    replay = commands.add_parser("replay", help=(
+        "re-derive beliefs from the log into side view NAME, in the running worker, under another reasoner or "
+        "history; never touches the live topics, view or budgets"))
+    replay.add_argument("name", nargs="?", help="the side view's name (a-z 0-9 _ -)")
+    replay.add_argument("--user", action="append", default=[], help="only this user (repeatable)")
+    replay.add_argument("--reasoner", choices=("offline", "anthropic"), default="offline")
+    replay.add_argument("--without", action="append", default=[], metavar="EPISODE_ID",
+                        help="as if this episode's words had never been read (repeatable)")
+    replay.add_argument("--until", default=None, help="the log as it stood at this RFC 3339 time")
+    replay.add_argument("--budget-tokens", type=int, default=0, help="tokens the replay may spend (0: no limit)")
+    replay.add_argument("--yes", action="store_true", help="start without asking, whatever the estimate")
+    replay.add_argument("--timeout", type=float, default=3600.0, help="seconds to follow it (default 3600)")
+    replay.add_argument("--list", action="store_true", help="list the side views, with their size and age")
+    replay.add_argument("--drop", metavar="NAME", default=None, help="remove a side view, its worker and topics")
+    diff = commands.add_parser("diff", help="compare a replay's beliefs with the live view's or another replay's")
+    diff.add_argument("name")
+    diff.add_argument("--against", default="live", help="live (default) or another replay's name")
+    diff.add_argument("--user", action="append", default=[], help="only this user (repeatable)")
+    diff.add_argument("--json", action="store_true",
+                      help='print {"added", "dropped", "changed", "same"} as JSON')
+    for reader in (explain, rebuild, recall, beliefs, stats, replay, diff):
         reader.add_argument("--api", default=None, help=(
             f"a running Reflect API (default: REFLECT_API, else reflect up's {UP_API})"))
     mcp_about = ("serve Reflect as MCP tools over a running API: on stdio with the launching user's "
@@ -425,6 +445,10 @@ def _worker(settings: Settings) -> int:
     from streams.stack import refuse_taken_port
 
     refuse_taken_port(settings, "--web-port (REFLECT_WEB_PORT)")
+    if settings.replay:  # a replay's side worker ends with the worker that runs it, even one killed outright
+        from processors.optimize_shard import die_with_parent
+
+        die_with_parent()
     configure(settings)  # until the worker applies the same configuration itself
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info

@@ -30,7 +30,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import quote
 
 import httpx
@@ -233,6 +233,28 @@ class _Api:
 
     def rebuild_progress(self) -> dict[str, Any]:
         return self._send(_Call("GET", "/v1/admin/rebuild", dict))
+
+    def start_replay(self, name: str, *, estimate_only: bool = False, **spec: Any) -> dict[str, Any]:
+        """Replay the log into side view `name` (spec: reasoner, users, without,
+        until, budget_tokens); `estimate_only`: what it would take, nothing started."""
+        body = {"name": name, **{k: v for k, v in spec.items() if v not in (None, (), [])}}
+        return self._send(_Call("POST", "/v1/admin/replays", dict, body=body | ({"estimate_only": True}
+                                                                                if estimate_only else {})))
+
+    def replay(self, name: str) -> dict[str, Any]:
+        """A replay's spec, state, progress, size and age."""
+        return self._send(_Call("GET", f"/v1/admin/replays/{quote(name, safe='')}", dict))
+
+    def replays(self) -> list[dict[str, Any]]:
+        return self._send(_Call("GET", "/v1/admin/replays", lambda body: body["replays"]))
+
+    def drop_replay(self, name: str) -> dict[str, Any]:
+        return self._send(_Call("DELETE", f"/v1/admin/replays/{quote(name, safe='')}", dict))
+
+    def replay_diff(self, name: str, *, against: str = "live", users: Sequence[str] = ()) -> dict[str, Any]:
+        """{"added", "dropped", "changed", "same"}: the replay's beliefs against `against`'s."""
+        return self._send(_Call("GET", f"/v1/admin/replays/{quote(name, safe='')}/diff", dict,
+                                params={"against": against, **({"user": list(users)} if users else {})}))
 
     # -- any route -----------------------------------------------------------------------------------------
 

@@ -78,4 +78,80 @@ def stats(client: ReflectClient, args) -> int:
     return 0
 
 
-COMMANDS = {"explain": explain, "rebuild": rebuild, "recall": recall, "beliefs": beliefs, "stats": stats}
+def replay(client: ReflectClient, args) -> int:
+    """List, drop, or start a replay and follow it to its end."""
+    if args.list:
+        for r in client.replays():
+            progress = r.get("progress") or {}
+            print(f"{r['spec']['name']:<20} {r['state']:<8} {r['spec']['reasoner']:<9} "
+                  f"{progress.get('episodes', 0)}/{r['estimate']['episodes']} episodes  "
+                  f"{r['bytes'] / 1e6:,.1f} MB  {r['age_s'] / 3600:,.1f} h old")
+        return 0
+    if args.drop:
+        client.drop_replay(args.drop)
+        print(f"replay {args.drop} dropped: its side worker, topics and view")
+        return 0
+    if not args.name:
+        raise RuntimeError("name the replay (reflect replay NAME), or --list, or --drop NAME")
+    spec = {"reasoner": args.reasoner, "users": args.user, "without": args.without, "until": args.until,
+            "budget_tokens": args.budget_tokens}
+    planned = client.start_replay(args.name, estimate_only=True, **spec)
+    est, cost = planned["estimate"], planned["estimated_cost_usd"]
+    print(f"replay {args.name}: {est['episodes']} episodes of {len(est['users'])} user(s), ~{est['cycles']} "
+          f"cycles with the {args.reasoner} reasoner, ~{est['tokens']:,} tokens"
+          + ("" if cost is None else f", ~${cost:,.2f}")
+          + (f"; budget {args.budget_tokens:,} tokens" if args.budget_tokens else ""), file=sys.stderr)
+    if est["tokens"] and not args.yes:
+        if not sys.stdin.isatty() or input("start it? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("not started (--yes starts it without asking)", file=sys.stderr)
+            return 1
+    client.start_replay(args.name, **spec)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        state = client.replay(args.name)
+        progress = state.get("progress") or {}
+        done, total = progress.get("episodes", 0), max(progress.get("episodes_total", 0), 1)
+        print(f"\r{state['state']:<8} [{'#' * int(30 * min(done / total, 1)):<30}] {done}/{total} episodes, "
+              f"{progress.get('requests', 0)}/{progress.get('requests_total', 0)} requests", end="",
+              file=sys.stderr, flush=True)
+        if state["state"] != "running":
+            print(file=sys.stderr)
+            if state["state"] == "failed":
+                raise RuntimeError(f"replay {args.name} failed: {state.get('error')}")
+            print(f"replay {args.name} done in {state.get('seconds')} s: reflect diff {args.name}")
+            return 0
+        time.sleep(0.5)  # polling interval of a progress display, not a synchronization
+    raise RuntimeError(f"replay {args.name} did not finish within {args.timeout} s (it goes on in the worker)")
+
+
+def report(found: dict[str, Any], name: str, against: str) -> list[str]:
+    """The diff as a reader takes it in: counts, then each change with its evidence."""
+    lines = [f"{name} against {against}: {len(found['added'])} added, {len(found['dropped'])} dropped, "
+             f"{len(found['changed'])} changed, {found['same']} the same"]
+    for mark, key in (("+", "added"), ("-", "dropped")):
+        for b in found[key]:
+            lines.append(f"{mark} [{b['status']}] {b['user_id']} {b['reflection_id']}: {b['text']}")
+            lines.append(f"      evidence {', '.join(b['evidence_ids'])}")
+    for b in found["changed"]:
+        before = b["before"]
+        lines.append(f"~ [{b['status']}] {b['user_id']} {b['reflection_id']}: {b['text']}")
+        if "text" in before:
+            lines.append(f"      was: {before['text']}")
+        if "status" in before:
+            lines.append(f"      status was {before['status']}")
+        if "evidence_ids" in before:
+            was, now = set(before["evidence_ids"]), set(b["evidence_ids"])
+            lines.append(f"      evidence {', '.join(b['evidence_ids'])}"
+                         + (f"; lost {', '.join(sorted(was - now))}" if was - now else "")
+                         + (f"; gained {', '.join(sorted(now - was))}" if now - was else ""))
+    return lines
+
+
+def diff(client: ReflectClient, args) -> int:
+    found = client.replay_diff(args.name, against=args.against, users=args.user)
+    print(json.dumps(found, indent=2) if args.json else "\n".join(report(found, args.name, args.against)))
+    return 0
+
+
+COMMANDS = {"explain": explain, "rebuild": rebuild, "recall": recall, "beliefs": beliefs, "stats": stats,
+            "replay": replay, "diff": diff}

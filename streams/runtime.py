@@ -76,6 +76,7 @@ class Outlets:
 
         self.episodes, self.requests = raw(settings.topic_episodes), raw(settings.topic_requests)
         self.reflections = raw(settings.topic_reflections)
+        self.replay = settings.replay
         self.dlq = {settings.topic_episodes: raw(settings.dlq_episodes),
                     settings.topic_reflections: raw(settings.dlq_reflections),
                     settings.topic_requests: raw(settings.dlq_reflections)}
@@ -88,6 +89,8 @@ class Outlets:
     async def publish(self, events: Iterable[Event]) -> None:
         """Send and wait for the broker's acknowledgement of every one: a batch
         is acknowledged upstream only once what it caused is in the log."""
+        if self.replay and any(self.topic_of(e) is self.episodes for e in events):
+            raise RuntimeError(f"replay {self.replay}'s side worker would write the live episodes log")
         sent = [await self.topic_of(e).send(key=e.user_id.encode(), value=e.encode()) for e in events]
         await asyncio.gather(*sent)
 
@@ -128,6 +131,7 @@ class Runtime:
     log: Any = None  # streams/on_log.Log: what the log holds, asked before a rerun publishes again
     rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
     router_ready: bool = False  # recall's router trained (streams/app.py): readiness waits for it
+    replays: Any = None  # streams/replay.Replays: the side workers this worker runs (made on first use)
 
     @classmethod
     def build(cls, settings: Settings, app, view: VectorStore, embedder: Embedder, reasoner: Reasoner,

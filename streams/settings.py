@@ -115,6 +115,12 @@ def _optional(raw: str) -> str | None:
     return raw or None
 
 
+def _optional_replay(raw: str) -> str | None:
+    if raw and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,39}", raw):
+        raise ValueError("a replay's name is 1 to 40 of a-z 0-9 _ -, starting with a letter or digit")
+    return raw or None
+
+
 def _api_token(raw: str) -> Secret | None:
     # RFC 6750 b64token characters, so it fits an Authorization header as is;
     # 16 characters at least: a guessable token protects nothing.
@@ -422,6 +428,10 @@ SPECS: tuple[Spec, ...] = (
          "Deepest reflection allowed (beliefs about beliefs)."),
     Spec("citation_floor", "REFLECT_CITATION_FLOOR", "2", _positive_int,
          "Fewest valid citations an insight needs to be kept."),
+    Spec("replay", "REFLECT_REPLAY", "", _optional_replay,
+         "Set by `reflect replay` on the side worker it starts, never by hand: the replay's name. That worker "
+         "reads `episodes` as the replay's spec (data_dir/replay.json) says, takes no writes, and publishes "
+         "only to the replay's own topics."),
 )
 
 
@@ -586,6 +596,7 @@ class Settings:
     top_k: int
     max_depth: int
     citation_floor: int
+    replay: str | None
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -628,7 +639,8 @@ class Settings:
 
     @property
     def dlq_episodes(self) -> str:
-        return f"{self.topic_episodes}.dlq"
+        """A replay's side worker reads the live `episodes` but dead-letters apart."""
+        return f"{self.topic_episodes}{self.replay_suffix}.dlq"
 
     @property
     def dlq_reflections(self) -> str:
@@ -637,7 +649,12 @@ class Settings:
     @property
     def topic_revocations(self) -> str:
         """Token ids revoked before they expire (streams/revocations.py): one per deployment."""
-        return f"{self.app_id}.revocations"
+        return f"{self.app_id.removesuffix(self.replay_suffix)}.revocations"
+
+    @property
+    def replay_suffix(self) -> str:
+        """What a replay's side worker adds to the names it owns (streams/replay.py)."""
+        return f".replay.{self.replay}" if self.replay else ""
 
     @property
     def topics(self) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from processors.projector import EPISODE_TYPES, EpisodeProjector, first_logged
 from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, from_dict
 from streams import metrics
 from streams.pipeline.runner import Runner
+from streams.replay import SideRun
 from streams.runtime import Runtime, write
 
 log = logging.getLogger("reflect")
@@ -66,6 +67,13 @@ class EpisodesPipeline(Runner):
         settings = runtime.settings
         self.trigger = Trigger.from_settings(settings)
         self.gated_on = settings.challenge == "on" or bool(settings.stale_after_days)  # either gate
+        self.replaying = SideRun.of(settings)  # a replay's side worker: streams/replay.py
+
+    async def admit(self, events) -> list[tuple[Event, Any]]:
+        admitted = await super().admit(events)
+        if self.replaying is None:
+            return admitted
+        return [(r, m) for r, m in admitted if self.replaying.keeps(r, m)]
 
     async def prepare(self, admitted: list[tuple[Event, Any]]) -> dict:
         """The batch's episode texts embedded, while the batch before it is handled."""
@@ -74,7 +82,8 @@ class EpisodesPipeline(Runner):
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: dict | None = None) -> None:
         embedder = Precomputed(self.runtime.embedder, prepared or {})
-        projector = EpisodeProjector(self.runtime.view, embedder, erase_now=False)
+        unseen = self.replaying.spec.unseen if self.replaying else None
+        projector = EpisodeProjector(self.runtime.view, embedder, erase_now=False, unseen=unseen)
         project = metrics.timed_apply(lambda at: projector.apply([r for r, _ in at], [p for _, p in at]), "episode")
         for segment in segments(admitted):
             # Projected at once, late or not: a cycle reads only what its request's position precedes.

@@ -20,10 +20,10 @@ Content-Length says so, and while it is read otherwise (chunked).
 
 from __future__ import annotations
 
-from streams.routes import admin, beliefs, episodes, ops, reasoner, recall, reflect, reflections, stats
+from streams.routes import admin, beliefs, episodes, ops, reasoner, recall, reflect, reflections, replays, stats
 from streams.routes.common import Context
 
-RESOURCES = (ops, episodes, reflect, beliefs, recall, reflections, stats, admin, reasoner)
+RESOURCES = (ops, episodes, reflect, beliefs, recall, reflections, stats, admin, replays, reasoner)
 
 
 def install(runtime) -> None:

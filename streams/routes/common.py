@@ -60,6 +60,15 @@ class Context:
         return self.runtime.rebuilding
 
     @property
+    def replays(self):
+        """The replays of this worker's data directory (streams/replay.py)."""
+        if self.runtime.replays is None:
+            from streams.replay import Replays
+
+            self.runtime.replays = Replays(self.runtime.settings, self.runtime.view, self.runtime.embedder.dim)
+        return self.runtime.replays
+
+    @property
     def view(self):
         return self.runtime.view
 
@@ -294,15 +303,21 @@ def user_id_problem(user_id: str | None) -> ApiError | None:
     return None
 
 
-def guard(keys: auth.Keys, limit: int):
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def guard(keys: auth.Keys, limit: int, replay: str | None = None):
     """aiohttp middleware in front of every route, Faust's own included: the
     credential and what it grants, the declared body size, and JSON for the
-    router's errors."""
+    router's errors. A replay's side worker (`replay`) answers reads only."""
     @web.middleware
     async def middleware(request: web.Request, handler):
         refused = admitted(request, keys)
         if refused is not None:
             return refused
+        if replay and request.method not in READS:
+            return _error_response(ApiError(409, "conflict", f"this worker replays the log into side view "
+                                                             f"{replay}: it takes no writes"))
         if request.content_length is not None and request.content_length > limit:
             return _error_response(too_large(limit))
         if _route_of(request) in FAUST_PAGES:  # Faust's own index is no route of Reflect's
@@ -337,7 +352,7 @@ def web_options(settings, keys: auth.Keys) -> dict[str, Any]:
     read of a chunked body stops at), the guard, and the rate limit."""
     limited = limit(settings)  # after the guard: only admitted requests are counted
     return {"client_max_size": settings.max_request_bytes,
-            "middlewares": [guard(keys, settings.max_request_bytes), *([limited] if limited else [])]}
+            "middlewares": [guard(keys, settings.max_request_bytes, settings.replay), *([limited] if limited else [])]}
 
 
 async def json_body(request: Request, required: bool = True) -> dict[str, Any]:
