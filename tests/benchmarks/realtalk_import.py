@@ -106,18 +106,27 @@ class Model:
         return answer
 
 
-def embed_alone(texts: list[str], batch: int, name: str = "minilm", passes: int = 3) -> float:
-    """texts/s of the embedder alone, in the projector's batches: the best of
-    a few passes (one pass moved 110-136 texts/s between runs on a quiet box)."""
+def embed_alone(texts: list[str], batch: int, name: str = "minilm", passes: int = 3) -> tuple[float, float]:
+    """texts/s of the embedder alone, in the projector's batches, and the CPU
+    seconds it took: the best of a few passes (one pass moved 110-136 texts/s
+    between runs on a quiet box)."""
     embedder = make_embedder(name)
     embedder.embed(texts[:8])  # the model loaded outside the timing
-    best = 0.0
+    best = (0.0, 0.0)
     for _ in range(passes):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for i in range(0, len(texts), batch):
             embedder.embed(texts[i:i + batch])
-        best = max(best, len(texts) / (time.perf_counter() - t))
+        best = max(best, (len(texts) / (time.perf_counter() - t), time.process_time() - cpu))
     return best
+
+
+def cpu_bound(run: dict, alone: float) -> float:
+    """The highest import / embedder-alone ratio the import's CPU allows on
+    this box's cores: it cannot end before its worker, posters and broker
+    have had their CPU seconds, all cores busy."""
+    spent = run["worker_cpu_s"] + run["bench_cpu_s"] + run["broker_cpu_s"]
+    return (run["turns"] / alone) * (os.cpu_count() or 1) / spent
 
 
 def expected_requests(convs, settings: Settings) -> dict[str, int]:
@@ -225,6 +234,7 @@ class Import:
                  embedder: str = "minilm", **overrides):
         tag = uuid.uuid4().hex[:6]
         self.name, self.tmp, self.convs, self.posters, self.env = name, tmp, convs, posters, env
+        self.broker_pid = broker.process.pid
         self.settings = Settings.load(
             env={}, broker=broker.url, app_id=f"import-{name}-{tag}", topic_episodes=f"episodes-{tag}",
             topic_requests=f"reflection-requests-{tag}", topic_reflections=f"reflections-{tag}",
@@ -245,6 +255,7 @@ class Import:
         w = self.worker = self.start(self.settings, self.name)
         users, n = list(self.turns), sum(self.turns.values())
         cpu0, here0, calls0 = cpu_seconds(w.process.pid), time.process_time(), model.calls if model else 0
+        broker0 = cpu_seconds(self.broker_pid)
         model_cpu0 = model.cpu if model else 0.0
         t0 = time.perf_counter()
         errors = asyncio.run(post_all(f"http://127.0.0.1:{self.settings.web_port}", self.convs, self.posters))
@@ -262,6 +273,7 @@ class Import:
         out = {"turns": n, "seconds": round(seconds, 2), "rate": n / seconds, "posted_s": round(posted, 2),
                "worker_cpu_s": round(cpu_seconds(w.process.pid) - cpu0, 1),
                "bench_cpu_s": round(time.process_time() - here0, 1),
+               "broker_cpu_s": round(cpu_seconds(self.broker_pid) - broker0, 1),
                "requests_asked": sum(s.get("requests", 0) for s in stats.values()),
                "requests_done": sum(s.get("requests_done", 0) for s in stats.values()),
                "requests_expected": sum(self.expected.values())}
@@ -343,8 +355,9 @@ def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=
     convs = realtalk.load(data)[:conversations]
     texts = [t.text for c in convs for t in c.turns]
     batch = Settings.load(env={}).projector_batch
-    alone, label = embed_alone(texts, batch, embedder), EMBEDDERS[embedder]
-    print(f"{label} alone: {alone:.1f} texts/s over {len(texts)} turns (batches of {batch})", file=sys.stderr)
+    (alone, alone_cpu), label = embed_alone(texts, batch, embedder), EMBEDDERS[embedder]
+    print(f"{label} alone: {alone:.1f} texts/s over {len(texts)} turns (batches of {batch}), {alone_cpu:.1f} s "
+          "of CPU", file=sys.stderr)
     dim = make_embedder(embedder).dim
     model = Model()
     api = MessagesServer(model, delay=delay)
@@ -370,6 +383,7 @@ def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=
                         checks[name] = run.fresh(dim, timeout=1800)
                         print(f"{name} fresh worker: {checks[name]}", file=sys.stderr)
                     runs[name]["waited_lines"] = run.waited_lines()
+                    runs[name]["cpu_bound"] = round(cpu_bound(runs[name], alone), 3)
                 finally:
                     run.stop()
         finally:
@@ -382,6 +396,8 @@ def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=
                figure(f"import, stand-in ({delay:g} s a call)", stand, "episodes/s", "import, reasoner off", off),
                figure("import, offline reasoner", offline, "episodes/s", f"{label} alone", alone),
                figure("import, offline reasoner", offline, "episodes/s", "import, reasoner off", off)]
+    figures += [figure(f"import, {name}: most {label} alone its CPU allows", run["cpu_bound"], "×")
+                for name, run in runs.items()]
     targets = [target(f"import (stand-in) / {label} alone", stand / alone, ">=", 0.8),
                target("import (stand-in) / import (reasoner off)", stand / off, ">=", 0.9)]
     for name, check in checks.items():
@@ -392,7 +408,7 @@ def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=
                                   ">=", 1.0))
     return {"data": f"{realtalk.SOURCE}@{realtalk.SOURCE_COMMIT[:12]}",
             "conversations": [c.name for c in convs], "turns": n, "posters_per_user": posters, "delay_s": delay,
-            "embed_batch": batch, "runs": runs, "determinism": checks, "figures": figures, "targets": targets}
+            "embed_batch": batch, "alone_cpu_s": round(alone_cpu, 1), "runs": runs, "determinism": checks, "figures": figures, "targets": targets}
 
 
 def work_dir(keep: str | None):
