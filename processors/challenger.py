@@ -23,14 +23,12 @@ import time
 from typing import Any, Sequence
 
 from processors.challenge import VERDICTS, Answer
-from processors.embedders import Embedder
 from processors.injection import instruction_cue
+from processors.ports import Embedder, Reasoner, Usage, VectorStore
 from processors.projector import latest, point_id, support_of
-from processors.reasoners import Reasoner, Usage
 from processors.reflection import reflection_id, ungrounded
 from processors.staleness import refreshed
 from processors.reflector import TIE_MARGIN, CycleConfig, _asked, confidence, kept_evidence, top, window_records
-from processors.view import VectorStore
 from schemas import ChallengeRequested, Event, ReflectionChallenged, ReflectionCreated, ReflectionReinforced
 
 

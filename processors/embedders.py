@@ -1,6 +1,6 @@
-"""Embedder port: texts → unit vectors.
+"""The default embedder, behind the embedder port (processors/ports.py).
 
-The default is a deterministic feature-hashing embedder: no network, no model
+It is a deterministic feature-hashing embedder: no network, no model
 download, 25–30k texts/s on 2 cores, but weak semantics (9/30 paraphrases
 found where MiniLM finds 29/30), so it serves plumbing, not belief quality.
 """
@@ -9,18 +9,11 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
-
-class Embedder(Protocol):
-    name: str
-    dim: int
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """float32 array of shape (len(texts), dim), rows L2-normalized."""
-
+from processors.ports import Embedder
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 

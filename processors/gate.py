@@ -15,9 +15,9 @@ from typing import Any, Mapping, Sequence
 
 from processors.accumulator import Accumulator
 from processors.challenge import GATE_SCORE, Challenge, bearings, closed, gather, quorum_of
+from processors.ports import VectorStore
 from processors.projector import latest, point_id
 from processors.staleness import first_stale, went_stale
-from processors.view import VectorStore
 from schemas import ChallengeRequested, EpisodeRecorded, Event, GateRequested, parse_time
 
 CHALLENGES = uuid.UUID("4b0f7f36-1a8e-4c53-9d1e-5f0c2a7e6b19")  # namespace of challenge cycle ids

@@ -40,9 +40,9 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from processors.ports import VectorStore
 from processors.projector import point_id
 from processors.provenance import Decision, decide, reach
-from processors.view import VectorStore
 from schemas import (ChallengeRequested, EpisodeRetracted, Event, InvalidationRequested, ReflectionCreated,
                      ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, now, parse_time)
 

@@ -13,8 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from processors.embedders import Embedder
-from processors.view import GONE, POSITION, VectorStore, ViewPoint
+from processors.ports import GONE, POSITION, Embedder, VectorStore, ViewPoint
 from schemas import (EpisodeRecorded, EpisodeRetracted, Event, ReflectionChallenged, ReflectionCreated,
                      ReflectionInvalidated, ReflectionReinforced, ReflectionStaled)
 
@@ -170,7 +169,7 @@ class EpisodeProjector:
 
     def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> Projected:
         """`positions`: each event's offset in the episodes topic (see
-        processors/view.py, POSITION); an episode keeps the first it was seen
+        processors/ports.py, POSITION); an episode keeps the first it was seen
         at, so a redelivery or a retried write never moves it later."""
         if not events:
             return Projected()
@@ -180,7 +179,7 @@ class EpisodeProjector:
         first = first_positions(events, positions, known)
         # A retracted episode keeps its text and vector (an erased one until
         # its walk, unless erase_now), marked with the retraction's position:
-        # a cycle asked before the retraction still reads it (processors/view.py,
+        # a cycle asked before the retraction still reads it (processors/ports.py,
         # GONE), whenever it runs, and in whatever batches the log was projected.
         kept = [plan.retracted_records[episode_point(e)] for e in plan.retractions
                 if not self._erased_here(e) and episode_point(e) not in known

@@ -1,4 +1,4 @@
-"""Reasoner port (steps 2 and 4 of the loop) and the offline deterministic reasoner.
+"""The offline reasoner (steps 2 and 4 of the loop): deterministic, behind the port in processors/ports.py.
 
 A reasoner sees statements as numbered data and answers with questions, or
 with insights that cite statement numbers; `reflection.judge` then decides
@@ -11,65 +11,19 @@ from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from processors.embedders import Embedder, HashingEmbedder
+from processors.embedders import HashingEmbedder
 from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of,
                                    generalized, is_belief, place_words, question_about, routine, salient, themes,
                                    without)
+from processors.ports import Embedder, Reasoner, Usage
 from processors.reflection import Insight
 
 if TYPE_CHECKING:
     from processors.challenge import Answer
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What a cycle spent: calls and tokens as the API bills them (input_tokens
-    excludes the cached prefix, read or written), and their estimated cost."""
-
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0  # cache reads
-    cache_write_tokens: int = 0
-    cost_usd: float | None = 0.0  # None: no price known for the model
-
-    def __add__(self, other: "Usage") -> "Usage":
-        cost = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
-        return Usage(self.calls + other.calls, self.input_tokens + other.input_tokens,
-                     self.output_tokens + other.output_tokens, self.cached_tokens + other.cached_tokens,
-                     self.cache_write_tokens + other.cache_write_tokens, cost)
-
-    def to_dict(self) -> dict:
-        return {"calls": self.calls, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens,
-                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6)}
-
-
-class Reasoner(Protocol):
-    """`batched` reasoners also answer `insights_for`: all questions of a cycle in
-    one call, over the union of their evidence, each insight tagged with the
-    0-based index of its question. `dated` ones are also given, as `dates`,
-    when each statement occurred (ISO times)."""
-
-    name: str
-    prompt_version: str
-    batched: bool
-
-    def questions(self, statements: Sequence[str], n: int = 3,
-                  importance: Sequence[float] | None = None) -> tuple[list[str], Usage]: ...
-
-    def insights(self, question: str, statements: Sequence[str], n: int = 5) -> tuple[list[Insight], Usage]: ...
-
-    def verdict(self, belief: str, evidence: Sequence[str],
-                challengers: Sequence[str]) -> tuple["Answer", Usage]:
-        """Does `belief` (resting on `evidence`) still hold given the new
-        `challengers`? Citations number the challengers (processors/challenge.py)."""
-        ...
 
 
 class OfflineReasoner:

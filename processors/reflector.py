@@ -14,13 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from processors.embedders import Embedder
 from processors.injection import instruction_cue
+from processors.ports import GONE, Embedder, Hit, Reasoner, Usage, VectorStore
 from processors.projector import latest, point_id, support_of
-from processors.reasoners import Reasoner, Usage
 from processors.reflection import Candidate, Weights, judge, rerank, ungrounded
 from processors.staleness import held, refreshed
-from processors.view import GONE, Hit, VectorStore
 from schemas import (Event, ReflectionCreated, ReflectionCycleCompleted, ReflectionReinforced,
                      ReflectionRequested, parse_time)
 
@@ -73,7 +71,7 @@ def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vecto
     occurred by the cycle's time `at` and, for episodes, were logged at or
     before its request's position `upto` (however late an episode came, and
     however far the projector has read since, the cycle sees the same ones:
-    processors/view.py, POSITION); a belief already at max_depth is left
+    processors/ports.py, POSITION); a belief already at max_depth is left
     out, as nothing citing it could be kept. Two batched searches per kind:
     the exact dense top POOL × k of each question, cut by (score, id), then
     the engine's hybrid score (dense + BM25 fused, as recall reads) of that

@@ -22,9 +22,9 @@ from typing import Any
 
 from processors import router
 from processors.injection import instruction_cue, neutralised
+from processors.ports import Scoring
 from processors.projector import point_id
 from processors.reflection import Candidate
-from processors.view import Scoring
 from schemas import parse_time
 
 # Relevance first: recency and importance only nudge (×1.1 at most each), as a

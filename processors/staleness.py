@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 from processors.challenge import MAX_CHALLENGERS
+from processors.ports import VectorStore
 from processors.projector import point_id
-from processors.view import VectorStore
 from schemas import ChallengeRequested, Event, ReflectionReinforced, ReflectionStaled, parse_time
 
 REFRESH = uuid.UUID("9a7e2d41-5c3b-4f0e-8b6a-1d2c3e4f5a6b")  # namespace of staleness revalidation cycle ids

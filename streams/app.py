@@ -16,9 +16,10 @@ from pathlib import Path
 import faust
 
 from processors import router
-from processors.view import EmbedderMismatch, open_view, stop_optimizing
+from processors.ports import EmbedderMismatch
 from streams import api, forwarding, metrics, pipeline
-from streams.adapters.factory import make_embedder, make_reasoner
+from streams.adapters.factory import make_embedder, make_reasoner, open_view
+from streams.adapters.view.edge import stop_optimizing
 from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
 from streams.group_watch import GroupWatch

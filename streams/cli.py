@@ -446,7 +446,7 @@ def _worker(settings: Settings) -> int:
 
     refuse_taken_port(settings, "--web-port (REFLECT_WEB_PORT)")
     if settings.replay:  # a replay's side worker ends with the worker that runs it, even one killed outright
-        from processors.optimize_shard import die_with_parent
+        from streams.adapters.optimize import die_with_parent
 
         die_with_parent()
     configure(settings)  # until the worker applies the same configuration itself

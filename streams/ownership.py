@@ -37,7 +37,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from processors.dlq import accept, carried
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from processors.view import ViewPoint
+from processors.ports import ViewPoint
 from schemas import ContractError, ReflectionChallenged, ReflectionCycleCompleted
 from streams.security import client_options
 
@@ -292,7 +292,7 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
                     note(record)
                 if isinstance(record, kinds):
                     records.append(record)
-                    positions.append(m.offset)  # as the live path (processors/view.py, POSITION)
+                    positions.append(m.offset)  # as the live path (processors/ports.py, POSITION)
             async with lock:  # as the live projectors: a rebuild swaps views between batches only
                 await asyncio.to_thread(apply, records, positions)
             applied += len(records)

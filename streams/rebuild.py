@@ -87,7 +87,7 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, ca
                     continue
                 if isinstance(record, EPISODE_TYPES + REFLECTION_TYPES):
                     records.append(record)
-                    positions.append(m.offset)  # where the live path put them (processors/view.py, POSITION)
+                    positions.append(m.offset)  # where the live path put them (processors/ports.py, POSITION)
             # Off the event loop: embedding and upserts take the time, and the
             # worker's heartbeats, agents and API go on meanwhile.
             await asyncio.to_thread(projectors[tp.topic], records, positions)
@@ -152,7 +152,7 @@ async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, st
         until = await consumer.end_offsets(parts)
         progress.total = sum(max(0, until[tp] - held[tp]) for tp in parts)  # a lower bound on Tansu
         await _replay(consumer, parts, until, projectors, carries, progress)
-        # Reads of a grown, unoptimized Edge shard slow down (processors/view.py,
+        # Reads of a grown, unoptimized Edge shard slow down (streams/adapters/view/edge.py,
         # EdgeView.optimize): the successor serves no one yet, so it is optimized
         # now, in a child process, while the live path goes on; then what
         # arrived meanwhile, so that little is left for the pause.

@@ -279,7 +279,7 @@ class Replays:
         shutil.rmtree(self.folder(name))
 
     def side_view(self, name: str):
-        from processors.view import open_view
+        from streams.adapters.factory import open_view
 
         side = dataclasses.replace(self.settings, data_dir=str(self.folder(name)), view=self.summary(name)["view"])
         return open_view(side, self.dim)

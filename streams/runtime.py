@@ -14,10 +14,8 @@ from typing import Any, Iterable
 import faust
 
 from processors.dlq import dead_letter_headers
-from processors.embedders import Embedder
 from processors.guard import Breaker, Budget, Tally
-from processors.reasoners import Reasoner
-from processors.view import VectorStore
+from processors.ports import Embedder, Reasoner, VectorStore
 from schemas import ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionRequested
 from streams import metrics
 from streams.logs import redacted

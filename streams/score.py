@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from processors.embedders import Embedder
+from processors.ports import Embedder
 from streams.sample import History
 
 MIN_CITED = 2

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memory_worker import MemoryWorker, memory_runtime
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from streams.producer import make_episode
 from streams.sample import History
 from streams.settings import Settings

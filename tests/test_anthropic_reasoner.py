@@ -18,7 +18,7 @@ from processors.projector import EpisodeProjector
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Candidate, judge
 from processors.reflector import CycleConfig, run_cycle, window_records
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
 from streams.sample import history
 from streams.settings import Settings, SettingsError

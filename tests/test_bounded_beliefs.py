@@ -14,7 +14,7 @@ from processors.provenance import as_of
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Belief, Candidate
 from processors.reflector import CycleConfig, _belief_event, confidence, kept_evidence
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionInvalidated, ReflectionReinforced,
                      ReflectionRequested, decode)
 

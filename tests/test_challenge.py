@@ -25,7 +25,8 @@ from processors.challenge import (LABELED, bearings, closed, gather, judge_one, 
 from processors.embedders import HashingEmbedder
 from streams.adapters.factory import make_embedder
 from processors.reasoners import OfflineReasoner
-from processors.view import EdgeView, SharedView
+from streams.adapters.view.edge import EdgeView
+from streams.adapters.view.shared import SharedView
 from schemas import ChallengeRequested, ReflectionChallenged, ReflectionCreated, ReflectionReinforced, parse_time
 from streams.settings import Settings
 from streams.pipeline.policy import Backoff

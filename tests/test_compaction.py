@@ -14,7 +14,9 @@ import pytest
 from aiokafka import TopicPartition
 
 from conftest import run, wait_for
-from processors.view import OPTIMIZED_FILE, EdgeView, SharedView, ViewPoint
+from processors.ports import ViewPoint
+from streams.adapters.view.edge import OPTIMIZED_FILE, EdgeView
+from streams.adapters.view.shared import SharedView
 from streams.compaction import due, held_spans
 from test_rebuild import _publish, snapshot
 from streams.topics import ensure_topics
@@ -128,15 +130,15 @@ def test_a_grown_view_is_compacted_live_and_answers_as_a_rebuild_does(settings, 
 
 
 def test_a_stopping_worker_kills_the_optimize_it_would_wait_minutes_for(tmp_path):
-    from processors import view as views
+    from streams.adapters.view import edge
 
     view = EdgeView(tmp_path, "reflect", 4)
     view.upsert(_points(30))
     failed: list[Exception] = []
     optimizing = threading.Thread(target=lambda: _capture(view.optimize, failed))
     optimizing.start()
-    wait_for(lambda: views._OPTIMIZING, 10, "the optimize child", every=0.001)
-    views.stop_optimizing()
+    wait_for(lambda: edge._OPTIMIZING, 10, "the optimize child", every=0.001)
+    edge.stop_optimizing()
     optimizing.join(30)
     assert not optimizing.is_alive()
     assert failed and "exit status -9" in str(failed[0])  # killed, and said so

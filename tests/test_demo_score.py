@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from processors.reasoners import OfflineReasoner, Usage
+from processors.ports import Usage
+from processors.reasoners import OfflineReasoner
 from processors.reflection import Insight
 from sample_loop import live_beliefs
 from streams.sample import history

@@ -205,7 +205,8 @@ def test_dockerfile_base_user_entrypoint_port_and_healthcheck():
 
 def test_dockerfile_copies_what_the_package_build_needs_and_dockerignore_keeps_it():
     project = pyproject()
-    needed = {"pyproject.toml", project["project"]["readme"], *project["tool"]["setuptools"]["packages"]}
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    needed = {"pyproject.toml", project["project"]["readme"], *packages}
     copied = {src.rstrip("/") for sources, _ in copies() for src in sources}
     assert needed <= copied, f"not copied into the image: {needed - copied}"
     patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()

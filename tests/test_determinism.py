@@ -32,7 +32,7 @@ from conftest import wait_for
 from memory_worker import MemoryWorker, memory_runtime
 from streams.adapters.factory import make_embedder
 from streams.adapters.factory import make_reasoner
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from processors.accumulator import Accumulator, Trigger, admit
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
 from streams.broker import free_port

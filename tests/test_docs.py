@@ -14,7 +14,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 NAMED = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|md|json|yaml|yml|toml|txt|tsv|sh)|(?:[\w.-]+/)+)`")
 # Named in the docs on purpose though not in the repository: made at run time, or someone else's.
 NOT_OURS = {"deploy/reflect-metrics-token", ".reflect/", "schemathesis-report/", "bench.json",
-            "reflect-embedder.json"}  # the last: written into an Edge shard directory (processors/view.py)
+            "reflect-embedder.json"}  # the last: written into an Edge shard directory (streams/adapters/view/edge.py)
 
 
 SKIPPED = {".git", ".venv", "venv", "build", "dist", "node_modules", "__pycache__", ".pytest_cache", ".hypothesis"}

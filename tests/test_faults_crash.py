@@ -39,7 +39,7 @@ from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
 from processors.reasoners import OfflineReasoner
 from processors.reflector import CycleConfig, run_cycle, window_records
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
 from streams.broker import BROKER_KINDS, EmbeddedBroker, free_port
 from streams.producer import Publisher

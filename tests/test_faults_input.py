@@ -190,7 +190,7 @@ def test_nesting_too_deep_for_the_view_is_refused_at_decode(depth, kind):
 def test_the_deepest_event_decode_accepts_is_stored_read_and_served(tmp_path):
     from processors.embedders import HashingEmbedder
     from processors.projector import EpisodeProjector, episode_point
-    from processors.view import EdgeView
+    from streams.adapters.view.edge import EdgeView
 
     for kind in ("dict", "list"):
         metadata = b'{"a":' + nested_bytes(schemas.MAX_NESTING - 2, kind) + b"}"  # an object, at any depth

@@ -9,7 +9,7 @@ from processors.embedders import HashingEmbedder
 from processors.invalidator import Invalidator, empty_state
 from processors.projector import EpisodeProjector, ReflectionProjector, point_id
 from processors.provenance import as_of, tree
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionInvalidated,
                      ReflectionRequested, now)
 from streams.api import live_beliefs

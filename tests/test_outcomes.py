@@ -21,8 +21,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memory_worker import MemoryWorker, memory_runtime
 from processors.embedders import HashingEmbedder
-from processors.reasoners import OfflineReasoner, Remembered, Usage
-from processors.view import EdgeView, ViewUnavailable
+from processors.ports import Usage, ViewUnavailable
+from processors.reasoners import OfflineReasoner, Remembered
+from streams.adapters.view.edge import EdgeView
 from schemas import ReflectionCycleCompleted
 from streams.on_log import Log
 from streams.ownership import partition_of

@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 from memory_worker import memory_runtime
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from streams.ownership import NO_USER, Watermarks, owner_in, partition_of
 from streams.topics import ensure_topics
 from test_determinism import publish

@@ -24,7 +24,8 @@ from memory_worker import MemoryWorker, memory_runtime
 from processors.embedders import HashingEmbedder
 from processors.projector import point_id
 from processors.reasoners import OfflineReasoner
-from processors.view import EdgeView, SharedView
+from streams.adapters.view.edge import EdgeView
+from streams.adapters.view.shared import SharedView
 from schemas import (EpisodeRecorded, EpisodeRetracted, GateRequested, InvalidationRequested, ReflectionChallenged,
                      ReflectionCreated, ReflectionCycleCompleted, decode)
 from streams.pipeline.policy import PROBE_USER, Backoff

@@ -3,7 +3,7 @@
 Episodes that reach the log out of valid-time order (a client posting a
 user's turns eight at a time) and retractions are projected at once; a cycle
 reads only the episodes logged at or before its request, less those
-retracted by then (processors/view.py, POSITION and GONE), and a
+retracted by then (processors/ports.py, POSITION and GONE), and a
 retraction's walk runs in the user's request order (an erasure's takes the
 text then). Shown in-process over
 the real Qdrant Edge view (tests/memory_worker.py): the same late-arriving
@@ -28,7 +28,8 @@ from dataclasses import replace
 from memory_worker import MemoryWorker, memory_runtime
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
-from processors.view import POSITION, EdgeView
+from processors.ports import POSITION
+from streams.adapters.view.edge import EdgeView
 from schemas import (EpisodeRecorded, GateRequested, InvalidationRequested, ReflectionChallenged,
                      ReflectionCycleCompleted, ReflectionRequested)
 from streams.pipeline.runner import HandedOver

@@ -7,7 +7,8 @@ from hypothesis import given, strategies as st
 
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, episode_point, plan_episodes, point_id
-from processors.view import GONE, POSITION, EdgeView
+from processors.ports import GONE, POSITION
+from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted
 
 

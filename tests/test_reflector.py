@@ -6,10 +6,11 @@ import pytest
 
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
-from processors.reasoners import OfflineReasoner, Usage
+from processors.ports import Usage
+from processors.reasoners import OfflineReasoner
 from processors.reflection import Insight
 from processors.reflector import CycleConfig, cycle_window, run_cycle, window_records
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionReinforced, ReflectionRequested, decode
 
 TEXTS = ["revert of PR {n}: the auth middleware broke login",

@@ -16,7 +16,8 @@ from processors.accumulator import Trigger
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, episode_point
 from processors.replay import ReplayError, ReplaySpec, diff, estimate
-from processors.view import GONE, POSITION, EdgeView
+from processors.ports import GONE, POSITION
+from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted
 from streams.producer import Publisher
 from streams.topics import ensure_topics

@@ -11,7 +11,7 @@ from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, ReflectionProjector
 from processors.cues import classify
 from processors.retrieval import recall
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionInvalidated
 
 # Written after the cues and not tuned to them; the misses are reported, not fixed.

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from conftest import committed_offsets, read_topic, run, wait_for
 from processors.embedders import HashingEmbedder
 from processors.projector import point_id
-from processors.view import EdgeView
+from streams.adapters.view.edge import EdgeView
 from schemas import now
 from streams.ownership import NO_USER, WATERMARKS
 from streams.topics import ensure_topics

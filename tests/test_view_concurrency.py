@@ -8,7 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
-from processors.view import EdgeView, SharedView, ViewPoint
+from processors.ports import ViewPoint
+from streams.adapters.view.edge import EdgeView
+from streams.adapters.view.shared import SharedView
 
 sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
 

@@ -8,7 +8,9 @@ import uuid
 import numpy as np
 import pytest
 
-from processors.view import EdgeView, EmbedderMismatch, QdrantView, ViewError, ViewPoint
+from processors.ports import EmbedderMismatch, Scoring, ViewError, ViewPoint
+from streams.adapters.view.edge import EdgeView
+from streams.adapters.view.qdrant import QdrantView
 
 DIM = 8
 
@@ -175,8 +177,6 @@ def test_hybrid_finds_the_point_a_rare_term_names_where_the_vector_alone_misses(
     view = make_view()
     view.upsert([worded(i) for i in range(30)] + [worded(30, text="zanzibar incident report alpha")])
     # A vector that is no point's: dense alone ranks point 30 low, BM25 on "zanzibar" lifts it to the top.
-    from processors.view import Scoring
-
     dense = [h.id for h in view.search("alice", unit(999), k=31)]
     assert dense.index(pid(30)) > 10
     [hits] = view.search_hybrid("alice", [unit(999)], ["what about zanzibar?"], k=5, scoring=Scoring(lexical=2.0))
@@ -207,8 +207,6 @@ def test_hybrid_is_scoped_filtered_and_batched(make_view):
 
 
 def test_the_engine_applies_importance_and_recency_in_its_formula(make_view):
-    from processors.view import Scoring
-
     view = make_view()
     same = unit(5)  # one vector for all: cosine 1, so the boosts alone separate them
     view.upsert([ViewPoint(pid(i), same, {"user_id": "alice", "text": "plain words", "importance": imp,
@@ -239,7 +237,7 @@ def old_layout(kind: str, tmp_path):
     """A view as built before BM25 terms were stored: dense vectors only."""
     if kind == "edge":
         import qdrant_edge as q
-        from processors.view import _active_name
+        from streams.adapters.view.edge import _active_name
 
         root = tmp_path / "old-edge"
         shard = q.EdgeShard.create(str(root / _active_name(root, "reflect")), q.EdgeConfig(
@@ -271,8 +269,6 @@ def test_a_view_built_before_bm25_serves_dense_only_and_its_successor_is_hybrid(
         new = view.successor()
         new.upsert([worded(i) for i in range(8)] + [worded(9, text="zanzibar")])
         assert new.lexical is True
-        from processors.view import Scoring
-
         lifted = new.search_hybrid("alice", [unit(997)], ["zanzibar"], k=1, scoring=Scoring(lexical=2.0))
         assert lifted[0][0].id == pid(9) != new.search("alice", unit(997), k=1)[0].id
     finally:
@@ -386,7 +382,7 @@ def test_a_view_without_a_record_adopts_the_embedder_that_opens_it(kind, tmp_pat
 
 
 def test_open_view_checks_the_settings_embedder(tmp_path):
-    from processors.view import open_view
+    from streams.adapters.factory import open_view
     from streams.settings import Settings
 
     first = open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="hashing"), 384)
@@ -396,7 +392,7 @@ def test_open_view_checks_the_settings_embedder(tmp_path):
 
 
 def test_a_worker_over_a_view_of_another_embedder_stops_with_one_line(tmp_path):
-    from processors.view import open_view
+    from streams.adapters.factory import open_view
     from streams.app import create_app
     from streams.settings import Settings, SettingsError
 

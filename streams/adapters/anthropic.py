@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import orjson
 
 from processors.challenge import Answer
-from processors.reasoners import Usage
+from processors.ports import Usage
 from processors.reflection import Insight
 
 PROMPTS = Path(__file__).with_name("prompts")

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from processors.embedders import Embedder, HashingEmbedder
-from processors.reasoners import OfflineReasoner, Reasoner
+import os
+
+from processors.embedders import HashingEmbedder
+from processors.ports import Embedder, Reasoner, VectorStore
+from processors.reasoners import OfflineReasoner
+from streams.adapters.view.edge import EdgeView
+from streams.adapters.view.qdrant import QdrantView
+from streams.adapters.view.shared import SharedView
 
 
 def make_reasoner(settings, embedder: Embedder | None = None) -> Reasoner:
@@ -28,3 +34,17 @@ def make_embedder(name: str) -> Embedder:
 
         return E5SmallEmbedder()
     raise ValueError(f"unknown embedder {name!r}")
+
+
+def open_view(settings, dim: int) -> VectorStore:
+    """The view the settings name: a Qdrant server if qdrant_url is set, else Edge.
+    It must have been built with the settings' embedder (`EmbedderMismatch` else)."""
+    embedder = getattr(settings, "embedder", None)
+    if settings.qdrant_url:
+        # REFLECT_QDRANT_API_KEY, else QDRANT_API_KEY (read before the setting existed).
+        key = settings.qdrant_api_key or os.environ.get("QDRANT_API_KEY")
+        view = QdrantView.connect(settings.qdrant_url, settings.view, dim, api_key=str(key) if key else None,
+                                  embedder=embedder)
+    else:
+        view = EdgeView(settings.view_dir, settings.view, dim, embedder=embedder)
+    return SharedView(view)

@@ -11,7 +11,7 @@ A retraction is a segment of its own: the runs the gates judge end there.
 Every request forwarded from here carries the user's next sequence number
 and its position: the offset of the record that asked for it. Episodes and
 retractions are projected at once, however late they come, and a cycle
-reads only what was logged at or before its request (processors/view.py,
+reads only what was logged at or before its request (processors/ports.py,
 POSITION and GONE): the same log gives the same beliefs, and nothing here
 waits for a cycle. The contradiction and staleness gates (off by default)
 judge new episodes against the beliefs of the cycles asked before them, so

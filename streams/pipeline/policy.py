@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from processors.failures import transient
+from streams.adapters.failures import transient
 from streams import metrics
 from streams.logs import redacted
 

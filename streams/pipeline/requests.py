@@ -38,7 +38,8 @@ from processors.gate import Gates, Rules, bearing_of, weigh
 from processors.guard import Spend, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state, placed
 from processors.projector import REFLECTION_TYPES, ReflectionProjector
-from processors.reasoners import Reasoner, Remembered
+from processors.ports import Reasoner
+from processors.reasoners import Remembered
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from processors.tenants import tenant_of
 from schemas import (ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionCycleCompleted,

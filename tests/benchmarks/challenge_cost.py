@@ -27,7 +27,8 @@ def measure(embedder_name: str = "hashing", seed: int = 7, episodes: int = 2100,
     from memory_worker import MemoryWorker, memory_runtime
     from processors.embedders import HashingEmbedder
     from processors.reasoners import OfflineReasoner
-    from processors.view import EdgeView, SharedView
+    from streams.adapters.view.edge import EdgeView
+    from streams.adapters.view.shared import SharedView
     from schemas import ChallengeRequested, ReflectionChallenged, ReflectionCycleCompleted, ReflectionRequested
     from streams.pipeline.policy import Backoff
     from streams.producer import make_episode

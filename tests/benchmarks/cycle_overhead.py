@@ -37,7 +37,8 @@ from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.reasoners import OfflineReasoner  # noqa: E402
 from processors.reflector import CycleConfig, cycle_window, run_cycle  # noqa: E402
-from processors.view import VECTOR, EdgeView, Hit, ViewPoint  # noqa: E402
+from processors.ports import VECTOR, Hit, ViewPoint  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from read_latency import DIM, START, episode_text, stamp  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402

@@ -32,7 +32,8 @@ from conftest import wait_for  # noqa: E402
 from processors.invalidator import Invalidator, empty_state  # noqa: E402
 from processors.projector import point_id  # noqa: E402
 from processors.provenance import decide, reach  # noqa: E402
-from processors.view import EdgeView, ViewPoint  # noqa: E402
+from processors.ports import ViewPoint  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRetracted, ReflectionCreated  # noqa: E402
 from projector_throughput import bench_worker  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402

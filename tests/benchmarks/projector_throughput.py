@@ -32,7 +32,7 @@ from aiokafka import AIOKafkaConsumer  # noqa: E402
 from conftest import Worker, wait_for  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import EpisodeProjector  # noqa: E402
-from processors.view import EdgeView  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRecorded, decode  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.producer import Publisher  # noqa: E402

@@ -45,7 +45,7 @@ from processors.projector import EpisodeProjector, ReflectionProjector  # noqa: 
 from processors.reasoners import OfflineReasoner  # noqa: E402
 from processors.reflector import GROUNDING_COSINE, CycleConfig, cycle_window, run_cycle  # noqa: E402
 from processors.retrieval import recall  # noqa: E402
-from processors.view import EdgeView  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from retrieval_quality import bm25_alone, ids, recall_figures, score  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionRequested, parse_time  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402

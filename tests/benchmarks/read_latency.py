@@ -65,7 +65,8 @@ from processors.projector import episode_payload, point_id, reflection_payload  
 from processors.extractive import THEME_CUT, generalized, themes  # noqa: E402
 from processors.reflection import Candidate, Weights, rerank  # noqa: E402
 from processors.retrieval import recall  # noqa: E402
-from processors.view import EdgeView, ViewPoint  # noqa: E402
+from processors.ports import ViewPoint  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated  # noqa: E402
 from streams.api import live_beliefs  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402

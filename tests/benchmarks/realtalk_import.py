@@ -69,7 +69,7 @@ from conftest import Worker, read_topic, wait_for  # noqa: E402
 from messages_api import MessagesServer, OfflineModel  # noqa: E402
 from processors.accumulator import Accumulator, Trigger, admit  # noqa: E402
 from streams.adapters.factory import make_embedder  # noqa: E402
-from processors.view import EdgeView  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRecorded  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.client import AsyncReflectClient  # noqa: E402

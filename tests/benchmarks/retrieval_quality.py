@@ -36,10 +36,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from processors.embedders import EMBEDDERS, RECALL_MIN_SCORE  # noqa: E402
 from streams.adapters.factory import make_embedder  # noqa: E402
-from processors.lexical import query_terms  # noqa: E402
+from streams.adapters.lexical import query_terms  # noqa: E402
 from processors.projector import EpisodeProjector, ReflectionProjector  # noqa: E402
 from processors.retrieval import recall  # noqa: E402
-from processors.view import EdgeView, Hit  # noqa: E402
+from processors.ports import Hit  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated  # noqa: E402
 from streams.sample import history  # noqa: E402
 from suite_figures import figure, print_scenario, quantile, target  # noqa: E402

@@ -1,5 +1,5 @@
 """Is a view adapter safe to call from several threads at once? The hammer
-behind the concurrency note of `processors.view.SharedView`.
+behind the concurrency note of `streams.adapters.view.shared.SharedView`.
 
     python tests/benchmarks/view_threads.py [--engine edge|local] [--threads 4] [--rounds 300]
 
@@ -32,7 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from processors.view import EdgeView, QdrantView, ViewPoint  # noqa: E402
+from processors.ports import ViewPoint  # noqa: E402
+from streams.adapters.view.edge import EdgeView  # noqa: E402
+from streams.adapters.view.qdrant import QdrantView  # noqa: E402
 
 DIM = 32
 

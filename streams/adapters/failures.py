@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from processors.view import ViewUnavailable
+from processors.ports import ViewUnavailable
 from schemas import ContractError
 
 

@@ -1,6 +1,6 @@
 """Optimize a Qdrant Edge shard, as a child process of the one that owns it.
 
-    python -m processors.optimize_shard PATH DIM lexical|dense
+    python -m streams.adapters.optimize PATH DIM lexical|dense
 
 Edge's `optimize` holds the GIL for its whole run, so the worker runs it here
 (EdgeView.optimize) while its own threads go on.
@@ -14,7 +14,7 @@ import sys
 def optimize(path: str, dim: int, lexical: bool) -> None:
     import qdrant_edge as q
 
-    from processors.view import edge_config
+    from streams.adapters.view.edge import edge_config
 
     shard = q.EdgeShard.load(path, edge_config(dim, lexical))
     try:
