@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from processors.accumulator import Accumulator, Trigger, admit
-from schemas import EpisodeRecorded, Event, parse_time
+from schemas import EpisodeRecorded, Event, ReflectionInvalidated, parse_time
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 REASONERS = ("offline", "anthropic")
@@ -137,6 +137,7 @@ def estimate(spec: ReplaySpec, records: Iterable[tuple[Event, float | None]], tr
 
 
 SHOWN = ("text", "status", "evidence_ids")  # what makes two versions of a belief differ
+LIVE = ("live", "weakened")  # statuses of a belief a view holds
 
 
 @dataclass
@@ -177,9 +178,14 @@ def diff(base: Iterable[dict[str, Any]], other: Iterable[dict[str, Any]]) -> Dif
     belief renamed. A pair, or a belief with the same id in both, is `same`
     if its text, status and evidence (through the pairs) are, else
     `changed` (with `before`: what differed). What is left is `dropped`
-    (only in base) or `added` (only in other). Sorted by user, then id."""
+    (held only in base) or `added` (held only in other); a belief one view
+    no longer holds and the other never had is in neither. Sorted by user,
+    then id."""
     mine = {(b["user_id"], b["reflection_id"]): b for b in base}
     theirs = {(b["user_id"], b["reflection_id"]): b for b in other}
+    # A belief no longer held (invalid, superseded) that the other view never had: neither holds it.
+    mine = {k: b for k, b in mine.items() if k in theirs or b.get("status") in LIVE}
+    theirs = {k: b for k, b in theirs.items() if k in mine or b.get("status") in LIVE}
     renamed: dict[tuple[str, str], str] = {}  # other's key → base's id
 
     def evidence(key: tuple[str, str]) -> set[str]:
@@ -208,4 +214,28 @@ def diff(base: Iterable[dict[str, Any]], other: Iterable[dict[str, Any]]) -> Dif
         out.changed.append({**after, "before": differs})  # evidence named as in base, through the pairs
     out.dropped = [_shown(mine[k]) for k in left if k not in paired]
     out.added = [_shown(theirs[k]) for k in right]
+    return out
+
+
+def promotion(name: str, live: Iterable[dict[str, Any]], side: Iterable[dict[str, Any]],
+              side_events: Iterable[Event], at: str) -> list[Event]:
+    """What the live reflections log needs so that projecting it holds the
+    side view's beliefs: every event the side logged for a belief the live
+    view lacks (each keeps its event id, so a second promotion changes
+    nothing), and an invalidation of every live belief the side view does
+    not hold. By id, not by the diff's pairs: a belief re-derived under
+    another id replaces the old one, and so does every belief citing it. A
+    belief both hold under one id is the same cycle's over the same
+    evidence: the live log keeps its own later events (a reinforcement
+    cannot be taken back by an event)."""
+    mine = {(b["user_id"], b["reflection_id"]): _shown(b) for b in live}
+    theirs = {(b["user_id"], b["reflection_id"]): _shown(b) for b in side}
+    out: list[Event] = [e for e in side_events
+                        if (e.user_id, getattr(e, "reflection_id", None)) in theirs.keys() - mine.keys()]
+    cause = f"replay:{name}"
+    for (user, rid), shown in sorted(mine.items()):
+        if (user, rid) not in theirs and shown["status"] in LIVE:
+            out.append(ReflectionInvalidated(event_id=f"invalidated:{rid}:{cause}", user_id=user, reflection_id=rid,
+                                             cause=cause, path=(cause, rid), status="invalid", invalid_at=at,
+                                             expired_at=at))
     return out

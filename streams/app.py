@@ -135,7 +135,11 @@ def create_app(settings: Settings) -> Runtime:
         """Recall's router, trained now rather than on the first auto read.
         The worker is not ready until it is (/healthz): its training embeds
         hundreds of questions, which took the cores from an import started
-        at the first ready (~5 s of CPU, a quarter of 929 REALTALK turns')."""
+        at the first ready (~5 s of CPU, a quarter of 929 REALTALK turns').
+        A replay's side worker answers no recall (streams/replay.py): none."""
+        if settings.replay:
+            runtime.router_ready = True
+            return
         try:
             await asyncio.to_thread(router.trained, embedder)
         except Exception:  # the first auto read trains it again, and says why it cannot

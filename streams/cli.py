@@ -7,13 +7,15 @@ REFLECT_* variable); flags win over the environment.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
 from schemas import ContractError
 from streams.settings import SPECS, TABLE_DOC, UP_API, UP_PORT, Settings, SettingsError
 
-READS = ("explain", "rebuild", "recall", "beliefs", "stats", "replay", "diff")  # commands against a running API
+READS = ("explain", "rebuild", "recall", "beliefs", "stats", "replay", "diff", "promote")  # against a running API
+REPLAY_NICE = 10  # a replay's side worker runs at this lower CPU priority
 
 
 SETTINGS_EPILOG = ("Every setting is also accepted as a flag (and a REFLECT_* variable); "
@@ -119,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--user", action="append", default=[], help="only this user (repeatable)")
     diff.add_argument("--json", action="store_true",
                       help='print {"added", "dropped", "changed", "same"} as JSON')
-    for reader in (explain, rebuild, recall, beliefs, stats, replay, diff):
+    promote = commands.add_parser("promote", help=(
+        "make a done replay's beliefs the live ones, by publishing what the live reflections log needs"))
+    promote.add_argument("name")
+    for reader in (explain, rebuild, recall, beliefs, stats, replay, diff, promote):
         reader.add_argument("--api", default=None, help=(
             f"a running Reflect API (default: REFLECT_API, else reflect up's {UP_API})"))
     mcp_about = ("serve Reflect as MCP tools over a running API: on stdio with the launching user's "
@@ -445,10 +450,11 @@ def _worker(settings: Settings) -> int:
     from streams.stack import refuse_taken_port
 
     refuse_taken_port(settings, "--web-port (REFLECT_WEB_PORT)")
-    if settings.replay:  # a replay's side worker ends with the worker that runs it, even one killed outright
+    if settings.replay:  # a replay's side worker: streams/replay.py
         from streams.adapters.optimize import die_with_parent
 
-        die_with_parent()
+        die_with_parent()  # it ends with the worker that runs it, even one killed outright
+        os.nice(REPLAY_NICE)  # and leaves the cores to that worker's live reads and ingest first
     configure(settings)  # until the worker applies the same configuration itself
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info

@@ -251,6 +251,10 @@ class _Api:
     def drop_replay(self, name: str) -> dict[str, Any]:
         return self._send(_Call("DELETE", f"/v1/admin/replays/{quote(name, safe='')}", dict))
 
+    def promote_replay(self, name: str) -> dict[str, Any]:
+        """Make a done replay's beliefs the live ones: {"published", "invalidated", "promoted_at"}."""
+        return self._send(_Call("POST", f"/v1/admin/replays/{quote(name, safe='')}/promote", dict))
+
     def replay_diff(self, name: str, *, against: str = "live", users: Sequence[str] = ()) -> dict[str, Any]:
         """{"added", "dropped", "changed", "same"}: the replay's beliefs against `against`'s."""
         return self._send(_Call("GET", f"/v1/admin/replays/{quote(name, safe='')}/diff", dict,

@@ -153,5 +153,13 @@ def diff(client: ReflectClient, args) -> int:
     return 0
 
 
+def promote(client: ReflectClient, args) -> int:
+    done = client.promote_replay(args.name)
+    print(f"replay {args.name} promoted: {done['published']} event(s) on the live reflections log, "
+          f"{done['invalidated']} of them invalidating a live belief the replay does not hold; the live view "
+          "shows its beliefs")
+    return 0
+
+
 COMMANDS = {"explain": explain, "rebuild": rebuild, "recall": recall, "beliefs": beliefs, "stats": stats,
-            "replay": replay, "diff": diff}
+            "replay": replay, "diff": diff, "promote": promote}

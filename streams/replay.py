@@ -36,8 +36,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from processors.accumulator import Trigger
 from processors.dlq import accept, carried
-from processors.replay import Diff, Estimate, ReplayError, ReplaySpec, diff, estimate
-from schemas import ContractError
+from processors.replay import LIVE, Diff, Estimate, ReplayError, ReplaySpec, diff, estimate, promotion
+from schemas import ContractError, ReflectionInvalidated, now
+from streams.producer import Publisher
 from streams.security import client_options
 from streams.settings import Settings
 
@@ -45,6 +46,7 @@ log = logging.getLogger("reflect")
 FOLDER = "replays"  # under data_dir
 STATE_FILE = "replay.json"  # in a replay's folder: its spec, where the log ended, its state
 STOP_WAIT = 30.0  # seconds a side worker gets to stop before it is killed
+PROMOTE_WAIT = 120.0  # seconds a promotion waits for the live worker to project what it published
 OUTPUT_SHARE = 0.1  # of a cycle's tokens that are the model's output, for the cost estimate
 
 
@@ -104,10 +106,12 @@ async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def read_log(settings: Settings, ends: dict[int, int]) -> list[tuple[Any, float | None]]:
-    """(record, logged at) of every event of `episodes` before `ends`, per
-    partition in order; undecodable ones skipped (they are dead letters)."""
-    topic, carries = settings.topic_episodes, carried(settings)
+async def read_log(settings: Settings, ends: dict[int, int], topic: str | None = None
+                   ) -> list[tuple[Any, float | None]]:
+    """(record, logged at) of every event of `topic` (`episodes`) before
+    `ends`, per partition in order; undecodable ones skipped (they are dead
+    letters)."""
+    topic, carries = topic or settings.topic_episodes, carried(settings)
     wanted = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0}
     out: list[tuple[Any, float | None]] = []
     if not wanted:  # (and aiokafka's consumer, stopped before it was assigned anything, raises CancelledError)
@@ -277,6 +281,48 @@ class Replays:
             view.drop()
             view.close()
         shutil.rmtree(self.folder(name))
+
+    async def promote(self, name: str, timeout: float = PROMOTE_WAIT) -> dict[str, Any]:
+        """The side view's beliefs made the live ones, through the live log:
+        what `promotion` says is published to the live reflections topic,
+        then projected by the live worker (a rebuild from the log gives the
+        same). A replay that left episodes out (`without`, `until`) is
+        refused: its view rests on a history the live log does not have."""
+        state = self.summary(name)
+        spec = ReplaySpec.from_dict(state["spec"])
+        if state["state"] != "done":
+            raise ReplayError(f"replay {name} is {state['state']}: a replay is promoted once it is done")
+        if spec.without or spec.until:
+            raise ReplayError("a replay without episodes or until a time rests on another history than the live "
+                              "log's: retract those episodes instead (reflect retract), and their walks make the "
+                              "change on the log")
+        users = state["estimate"]["users"]
+        side = await asyncio.to_thread(self.beliefs, name, users)
+        live = await asyncio.to_thread(beliefs_in, self.view, users)
+        side_topic = state["topics"][1]
+        side_settings_ = dataclasses.replace(self.settings, topic_reflections=side_topic)
+        ends = await end_offsets(side_settings_, side_topic)
+        logged = [e for e, _ in await read_log(side_settings_, ends, side_topic)]
+        events = promotion(name, live, side, logged, now())
+        async with Publisher(self.settings) as publisher:
+            for event in events:
+                await publisher.publish(event, topic=self.settings.topic_reflections)
+        wanted = {(b["user_id"], b["reflection_id"]): b["status"] for b in side}
+
+        def projected() -> bool:
+            held = {(b["user_id"], b["reflection_id"]): b["status"] for b in beliefs_in(self.view, users)}
+            return all(held.get(k) == v for k, v in wanted.items()) and \
+                not {k for k, v in held.items() if v in LIVE} - wanted.keys()
+        deadline = time.monotonic() + timeout
+        while not await asyncio.to_thread(projected):
+            if time.monotonic() > deadline:
+                raise ReplayError(f"published {len(events)} event(s), but the live view did not show them within "
+                                  f"{timeout:.0f} s: is the worker behind? (GET /healthz)")
+            await asyncio.sleep(0.2)  # polling the view for the worker's own projection
+        done = {"published": len(events), "invalidated": sum(isinstance(e, ReflectionInvalidated) for e in events),
+                "promoted_at": time.time()}
+        write_state(self.folder(name), read_state(self.folder(name)) | {"promoted": done})
+        return done
 
     def side_view(self, name: str):
         from streams.adapters.factory import open_view

@@ -12,13 +12,14 @@ import sys
 import pytest
 
 from conftest import run, wait_for
+from messages_api import MessagesServer, OfflineModel
 from processors.accumulator import Trigger
 from processors.embedders import HashingEmbedder
 from processors.projector import EpisodeProjector, episode_point
-from processors.replay import ReplayError, ReplaySpec, diff, estimate
+from processors.replay import ReplayError, ReplaySpec, diff, estimate, promotion
 from processors.ports import GONE, POSITION
 from streams.adapters.view.edge import EdgeView
-from schemas import EpisodeRecorded, EpisodeRetracted
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated
 from streams.producer import Publisher
 from streams.topics import ensure_topics
 from test_faults_crash import episode_stream
@@ -70,6 +71,21 @@ def test_a_belief_citing_a_renamed_belief_is_the_same():
         [("r1b", {"reflection_id": "r1", "evidence_ids": ["e1", "e2", "e3"]})]
 
 
+def test_promotion_logs_what_makes_the_live_view_the_sides():
+    created = {rid: ReflectionCreated(user_id="ana", reflection_id=rid, cycle_id="ana:1", text=f"belief {rid}",
+                                      evidence_ids=("e1", "e2"), depth=1, importance=0.5, confidence=0.5,
+                                      reasoner="offline", prompt_version="v", question="q?")
+               for rid in ("r1", "r3")}
+    live = [belief("r1", ["e1", "e2"], text="belief r1"), belief("r2", ["e3", "e4"]),
+            belief("r9", ["e5", "e6"], status="invalidated")]
+    side = [belief("r1", ["e1", "e2"], text="belief r1"), belief("r3", ["e1", "e2"], text="belief r3")]
+    events = promotion("lab", live, side, list(created.values()), "2026-06-01T00:00:00Z")
+    assert [(type(e).__name__, e.reflection_id) for e in events] == \
+        [("ReflectionCreated", "r3"), ("ReflectionInvalidated", "r2")]  # r1 is the same; r9 is gone already
+    assert events[1].cause == "replay:lab" and events[1].status == "invalid"
+    assert promotion("lab", side, side, list(created.values()), "2026-06-01T00:00:00Z") == []
+
+
 def test_estimate_counts_the_cycles_the_trigger_asks():
     stream = episode_stream(["ana", "ben"], 40)
     trigger = Trigger(threshold=5.0, min_episodes=5)
@@ -105,6 +121,16 @@ def test_an_unseen_episode_is_gone_where_it_was_logged(tmp_path):
 PER_USER = 60
 
 
+def logged(settings, events) -> None:
+    """`events` on the episodes log (its topics made first)."""
+    async def publish():
+        await ensure_topics(settings)
+        async with Publisher(settings) as p:
+            for event in events:
+                await p.publish(event)
+    run(publish())
+
+
 def settled(w, users, per_user) -> bool:
     stats = [w.stats(u) for u in users]
     return all(s.get("episodes", 0) + s.get("retracted", 0) == per_user and s.get("requests", 0) == s.get("requests_done") for s in stats)
@@ -126,13 +152,7 @@ def live_beliefs(client, user: str) -> list:
 def test_replay_same_log_is_empty_and_without_reaches_what_a_retraction_does(settings, worker):
     settings = dataclasses.replace(settings, threshold=15.0, min_episodes=10, max_depth=2)
     users = ["ana", "ben"]
-    run(ensure_topics(settings))
-
-    async def publish(events):
-        async with Publisher(settings) as p:
-            for event in events:
-                await p.publish(event)
-    run(publish(episode_stream(users, PER_USER)))
+    logged(settings, episode_stream(users, PER_USER))
     w = worker(settings)
     wait_for(lambda: settled(w, users, PER_USER), 120, "every episode projected and every cycle done")
     client = w.client
@@ -159,7 +179,7 @@ def test_replay_same_log_is_empty_and_without_reaches_what_a_retraction_does(set
     # invalidates (no longer live) or weakens (live, the episode lost).
     before = {b["reflection_id"] for u in users for b in live_beliefs(client, u)}
     asked = w.stats("ana")["requests"]
-    run(publish([EpisodeRetracted(user_id="ana", episode_id=cited, occurred_at="2026-06-01T12:00:00Z")]))
+    logged(settings, [EpisodeRetracted(user_id="ana", episode_id=cited, occurred_at="2026-06-01T12:00:00Z")])
     wait_for(lambda: w.stats("ana")["requests"] > asked and settled(w, users, PER_USER), 60, "the walk done")
     after = {b["reflection_id"]: b for u in users for b in live_beliefs(client, u)}
     walked = {r for r in before if r not in after or cited in (after[r].get("lost_evidence_ids") or ())}
@@ -168,3 +188,49 @@ def test_replay_same_log_is_empty_and_without_reaches_what_a_retraction_does(set
     assert {r["spec"]["name"] for r in client.replays()} == {"same", "without"}
     client.drop_replay("same")
     assert {r["spec"]["name"] for r in client.replays()} == {"without"}
+    assert client.request("POST", "/v1/admin/replays/without/promote").status == 409  # another history
+
+
+class Terse:
+    """The stand-in Messages API answering as the offline model, but only
+    ever with an answer's first insight: a reasoner that finds less."""
+
+    def __init__(self) -> None:
+        self.model = OfflineModel()
+
+    def __call__(self, body: dict) -> tuple[int, dict]:
+        status, answer = self.model(body)
+        for block in answer.get("content", ()):
+            if block.get("type") == "tool_use" and "insights" in block.get("input", {}):
+                block["input"]["insights"] = block["input"]["insights"][:1]
+        return status, answer
+
+
+@pytest.mark.integration
+@pytest.mark.broker
+def test_a_promoted_replay_is_what_the_live_view_shows(settings, worker):
+    """Another reasoner's beliefs (the terse stand-in's, through the
+    Anthropic path) made the live ones: afterwards the diff is empty."""
+    settings = dataclasses.replace(settings, threshold=15.0, min_episodes=10)
+    users = ["ana", "ben"]
+    logged(settings, episode_stream(users, PER_USER))
+    api = MessagesServer(Terse())
+    try:
+        w = worker(settings, env={"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url})
+        wait_for(lambda: settled(w, users, PER_USER), 120, "every episode projected and every cycle done")
+        client = w.client
+        client.start_replay("terse", reasoner="anthropic")
+        replayed(client, "terse")
+        before = client.replay_diff("terse")
+        assert before["dropped"] or before["changed"], before
+        done = client.promote_replay("terse")
+        assert done["published"] > 0 and done["invalidated"] > 0
+        after = client.replay_diff("terse")
+        assert not (after["added"] or after["dropped"]), after
+        for kept in after["changed"]:  # one id in both: the live log keeps its later reinforcements
+            assert kept["reflection_id"] not in {c.get("before", {}).get("reflection_id") for c in after["changed"]}
+            assert set(kept["before"]) == {"evidence_ids"} and set(kept["evidence_ids"]) < \
+                set(kept["before"]["evidence_ids"]), kept
+        assert client.promote_replay("terse")["published"] == 0  # nothing left to publish
+    finally:
+        api.close()

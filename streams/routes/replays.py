@@ -79,5 +79,15 @@ class ReplayDiff(View):
         return self.json(found.to_dict())
 
 
+class ReplayPromotion(View):
+    @answers_json
+    async def post(self, request: Request, name: str) -> Response:
+        """Make a done replay's beliefs the live ones, through the live log."""
+        try:
+            return self.json(await context(self).replays.promote(name))
+        except ReplayError as exc:
+            raise refused(exc, 404 if "no replay" in str(exc) else 409) from None
+
+
 PAGES = {"/v1/admin/replays": Replays, "/v1/admin/replays/{name}": Replay,
-         "/v1/admin/replays/{name}/diff": ReplayDiff}
+         "/v1/admin/replays/{name}/diff": ReplayDiff, "/v1/admin/replays/{name}/promote": ReplayPromotion}
