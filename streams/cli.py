@@ -15,7 +15,6 @@ from schemas import ContractError
 from streams.settings import SPECS, TABLE_DOC, UP_API, UP_PORT, Settings, SettingsError
 
 READS = ("explain", "rebuild", "recall", "beliefs", "stats", "replay", "diff", "promote")  # against a running API
-REPLAY_NICE = 10  # a replay's side worker runs at this lower CPU priority
 
 
 SETTINGS_EPILOG = ("Every setting is also accepted as a flag (and a REFLECT_* variable); "
@@ -434,6 +433,15 @@ def _broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def background() -> None:
+    """This process, and the threads it starts from now on, run only on
+    cores nothing else wants (SCHED_IDLE; where there is none, nice 19)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 def _worker(settings: Settings) -> int:
     import logging
 
@@ -454,7 +462,7 @@ def _worker(settings: Settings) -> int:
         from streams.adapters.optimize import die_with_parent
 
         die_with_parent()  # it ends with the worker that runs it, even one killed outright
-        os.nice(REPLAY_NICE)  # and leaves the cores to that worker's live reads and ingest first
+        background()  # and leaves the cores to that worker's live reads and ingest first
     configure(settings)  # until the worker applies the same configuration itself
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info

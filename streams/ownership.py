@@ -154,9 +154,9 @@ class Ownership:
             self.completed.pop(p, None)
         for p in partitions - set(self.whole):
             self.whole[p] = asyncio.Event()
-            if self.local_view:
+            if self.local_view and not self.runtime.settings.replay:
                 self._catching[p] = asyncio.ensure_future(self._catch_up(p))
-            else:
+            else:  # a server's view is shared and whole; a replay's side view is its pipeline's alone
                 self.whole[p].set()
 
     def catching_up(self) -> list[int]:

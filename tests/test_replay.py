@@ -157,7 +157,10 @@ def test_replay_same_log_is_empty_and_without_reaches_what_a_retraction_does(set
     wait_for(lambda: settled(w, users, PER_USER), 120, "every episode projected and every cycle done")
     client = w.client
 
-    client.start_replay("same")
+    started = subprocess.run([sys.executable, "-m", "streams.cli", "replay", "same", "--api", client.api],
+                             capture_output=True, text=True, timeout=240)  # the command, followed to its end
+    assert started.returncode == 0 and "replay same done" in started.stdout, started
+    assert "0 tokens" in started.stderr  # the estimate, printed first: the offline reasoner pays none
     same = replayed(client, "same")
     assert same["progress"]["episodes"] == same["progress"]["episodes_total"] == len(users) * PER_USER
     found = client.replay_diff("same")
