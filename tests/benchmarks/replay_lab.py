@@ -10,14 +10,15 @@ cycle is done:
 
 1. a rebuild of the view from the log (`POST /v1/admin/rebuild`), timed: the
    baseline;
-2. recall p95 over HTTP (`--reads` questions) with nothing else running;
-3. `replay same` (offline reasoner, the same log), timed, with the same
-   reads meanwhile: its p95 against (2); then `reflect diff same`, which
-   must be empty. The bar: replay ≤ 1.5 × rebuild + the cycles' own time
-   (their `duration_ms`, summed off the side reflections topic);
-4. on the first seed only, `replay stand-in` with the Anthropic reasoner
-   against tests/messages_api.py's stand-in (answering as the offline
-   model): its diff report, as `reflect diff` prints it (`--report`).
+2. `replay same` (offline reasoner, the same log), timed, then `reflect
+   diff same`, which must be empty. The bar: replay ≤ 1.5 × rebuild + the
+   cycles' own time (their `duration_ms`, summed off the side reflections
+   topic);
+3. on the first seed only, recall p95 over HTTP (`--reads` questions)
+   alone and during a second offline replay, and `replay stand-in` with the
+   Anthropic reasoner against tests/messages_api.py's stand-in (answering
+   as the offline model, in this process): its diff report, as `reflect
+   diff` prints it (`--report`).
 """
 
 from __future__ import annotations
@@ -162,10 +163,13 @@ def one_seed(broker: EmbeddedBroker, tmp: Path, seed: int, episodes: int, embedd
         out = {"seed": seed, "episodes": len(hist.episodes), "rebuild_s": rebuilt, "replay_s": state["seconds"],
                "cycles_s": round(own, 1), "cycles": state["estimate"]["cycles"],
                "diff": {k: len(v) if isinstance(v, list) else v for k, v in found.items()}}
-        if stand_in:  # reads alone, then during another replay (the timed one ran without them)
+        if stand_in:
+            # Reads alone, then during another offline replay (the timed one ran without them; the
+            # stand-in's model computes its answers in this process, so not during that one).
             alone = reads_alone(worker, hist.user_id, reads)
             with Reads(worker, hist.user_id) as during:
-                replay(worker, "stand-in", reasoner="anthropic")
+                replay(worker, "again")
+            replay(worker, "stand-in", reasoner="anthropic")
             out |= {"read_p95_ms": round(p95(alone), 1), "read_p95_replaying_ms": round(p95(during.ms), 1),
                     "reads_replaying": len(during.ms), "stand_in_report": diff_report(worker, "stand-in")}
         print(f"seed {seed}: {out}", file=sys.stderr)
