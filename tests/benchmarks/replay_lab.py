@@ -16,7 +16,7 @@ cycle is done:
    must be empty. The bar: replay ≤ 1.5 × rebuild + the cycles' own time
    (their `duration_ms`, summed off the side reflections topic);
 4. on the first seed only, `replay stand-in` with the Anthropic reasoner
-   against tests/messages_api.py's stand-in (answering as the offline
+   against tests/support/messages_api.py's stand-in (answering as the offline
    model): its diff report, as `reflect diff` prints it (`--report`).
 """
 
@@ -40,14 +40,15 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import orjson  # noqa: E402
 
-from conftest import Worker, read_topic, wait_for  # noqa: E402
-from messages_api import MessagesServer, OfflineModel  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.producer import Publisher, make_episode  # noqa: E402
 from streams.sample import history  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402
+from support.broker import read_topic  # noqa: E402
+from support.harness import Worker, wait_for  # noqa: E402
+from support.messages_api import MessagesServer, OfflineModel  # noqa: E402
 
 QUESTIONS = ("what went wrong with the deploy?", "what does the user want before a retry?",
              "which pull requests were reverted?", "when does the user not ship?")
