@@ -32,7 +32,7 @@ it decides by rules over words, and says so (`heuristic: true`):
 Several challengers: each is judged alone and the majority of those
 related decides; a tie holds (no supersede on an even split). Its accuracy on
 the labeled set `processors/data/challenge_verdicts.tsv` is measured by
-tests/test_challenge.py (see processors/README.md).
+tests/pipeline/test_challenge.py (see processors/README.md).
 """
 
 from __future__ import annotations

@@ -101,10 +101,10 @@ class Commits:
             offsets = self._due(set(self.app.consumer.assignment()), only)
             if not offsets:
                 return True
-            # Faust's Consumer._commit (pinned: pyproject.toml; tests/test_commits.py fails when it moves):
+            # Faust's Consumer._commit (pinned: pyproject.toml; tests/integration/test_commits.py fails when it moves):
             # the group member's own commit, at its generation; False once the group rebalanced. Under
             # exactly_once, _commit_offsets commits each partition's transaction with its offsets
-            # (tests/test_commits.py): what the worker wrote becomes visible to read_committed readers.
+            # (tests/integration/test_commits.py): what the worker wrote becomes visible to read_committed readers.
             consumer = self.app.consumer
             commit = consumer._commit_offsets if self.app.in_transaction else consumer._commit
             if not await commit(offsets):

@@ -52,7 +52,7 @@ def parked_error(app) -> BaseException | None:
     """The error aiokafka's group coordinator holds for the next fetch, if any.
 
     Private attributes of Faust and aiokafka (Faust itself reads the
-    coordinator this way); tests/test_group_watch.py fails if they move. A
+    coordinator this way); tests/integration/test_group_watch.py fails if they move. A
     plain read from the main thread, since the consumer runs in its own thread
     and loop: consuming the error there is not ours to do.
     """

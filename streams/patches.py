@@ -1,5 +1,5 @@
 """Patches of Faust and mode internals, each pinned: pyproject bounds the
-versions, and tests/test_patches.py fails when one stops applying."""
+versions, and tests/integration/test_patches.py fails when one stops applying."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def patch_flow_control_resume() -> None:
     agents' queues while the consumer's position was already past them: a
     worker restarted with a backlog (after a SIGKILL) ran one cycle and then
     sat idle, with requests and episodes never processed until the next
-    restart (tests/test_faults_crash.py). Resuming a suspended flow still
+    restart (tests/faults/test_faults_crash.py). Resuming a suspended flow still
     clears what was queued before the rebalance.
     """
     from mode.utils.queues import FlowControlEvent
@@ -67,8 +67,8 @@ def patch_perform_seek() -> None:
     and dropped on their way to the agents (Faust skips what comes while the
     flow is stopped, and a resume clears the queues) were then never read
     again, while the next records were handled and committed past them: the
-    chaos suite lost a partition's first request (tests/test_chaos.py,
-    tests/test_patches.py). A partition with no commit is read from its
+    chaos suite lost a partition's first request (tests/faults/test_chaos.py,
+    tests/integration/test_patches.py). A partition with no commit is read from its
     start: what no commit means.
     """
     from faust.transport.consumer import Consumer

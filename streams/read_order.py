@@ -6,7 +6,7 @@ fetched as a rebalance ends, its channel queue cleared or its stream
 skipping it) while the consumer's position has already moved past it. The
 pipeline's commits then go past it (a record lost) or, if it was the
 partition's last, it is never handled (a stall: the chaos suite saw a
-partition's last episode never reach its accumulator, tests/test_chaos.py).
+partition's last episode never reach its accumulator, tests/faults/test_chaos.py).
 So Reflect keeps, per partition, the offset it expects next: where Faust's
 seek at each assignment left the consumer (streams/patches.py), then one past
 each record read. A record past it means records in between were dropped:

@@ -1,7 +1,7 @@
 """What the contradiction gate costs on the demo history (streams/sample.py):
 challenge cycles per 1,000 episodes, beside the threshold cycles of the same
 run, and the verdicts. The worker's own pipelines run in-process over the
-real Qdrant Edge view (tests/memory_worker.py) with the offline reasoner and
+real Qdrant Edge view (tests/support/memory_worker.py) with the offline reasoner and
 the default settings (threshold 15, min_episodes 50, quorum 3, 20 a day).
 
     python tests/benchmarks/challenge_cost.py                 # hashing embedder
@@ -19,12 +19,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-# The checkout this file is in, then tests/ (memory_worker): run from any directory.
+# The checkout this file is in, then tests/ (support): run from any directory.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 
 def measure(embedder_name: str = "hashing", seed: int = 7, episodes: int = 2100, **overrides) -> dict:
-    from memory_worker import MemoryWorker, memory_runtime
     from processors.embedders import HashingEmbedder
     from processors.reasoners import OfflineReasoner
     from streams.adapters.view.edge import EdgeView
@@ -34,6 +33,7 @@ def measure(embedder_name: str = "hashing", seed: int = 7, episodes: int = 2100,
     from streams.producer import make_episode
     from streams.sample import history
     from streams.settings import Settings
+    from support.memory_worker import MemoryWorker, memory_runtime
 
     hist = history(seed=seed, episodes=episodes)
     events = [make_episode(hist.user_id, e.text, e.importance, episode_id=e.episode_id, occurred_at=e.occurred_at)

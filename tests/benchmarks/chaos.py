@@ -1,5 +1,5 @@
 """The chaos suite as a benchmark (issue 30, item 9): N seeded runs of
-tests/test_chaos.py's chaos — one fixed history published under load to 2–3
+tests/faults/test_chaos.py's chaos — one fixed history published under load to 2–3
 workers of one group while kill -9, SIGTERM, joins and leaves hit them —
 each checked against one uninterrupted reference run; violations by kind,
 time per run.
@@ -15,7 +15,7 @@ Every run with a violation is reported with its seed and schedule; the
 figures are the runs, the runs with a violation beside the same among
 `--control` runs with no fault (two workers, the same feed and check: what
 the comparison alone would call a violation), violations by kind (see
-test_chaos.KINDS), model calls paid again before the first answer reached
+support.chaos.KINDS), model calls paid again before the first answer reached
 the log (not a violation: see test_chaos's docstring) and seconds per run
 beside a control run's.
 """
@@ -38,7 +38,7 @@ import orjson  # noqa: E402
 
 from streams.broker import EmbeddedBroker  # noqa: E402
 from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
-from test_chaos import KINDS, SHAPES, Chaos, seeds  # noqa: E402
+from support.chaos import KINDS, SHAPES, Chaos, seeds  # noqa: E402
 
 
 def measure(runs: int, shape: str = "short", seed: int | None = None, control: int = 2, echo=print,

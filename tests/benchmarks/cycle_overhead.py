@@ -7,7 +7,7 @@ Edge view, then the median duration of one cycle over the newest 100
 records, as the reflector runs it (window read → questions → evidence per
 question → insights → judge → near-duplicate check):
 - offline reasoner (no calls at all);
-- the anthropic reasoner against tests/messages_api.py's server with zero
+- the anthropic reasoner against tests/support/messages_api.py's server with zero
   delay (prompt building, the SDK, HTTP on loopback, parsing);
 - baseline, same run: the naive design that fetches and sorts the user's
   whole store for every evidence lookup (scroll every point with its
@@ -27,12 +27,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for messages_api
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from messages_api import MessagesServer, OfflineModel  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
 from processors.reasoners import OfflineReasoner  # noqa: E402
@@ -42,6 +41,7 @@ from streams.adapters.view.edge import EdgeView  # noqa: E402
 from read_latency import DIM, START, episode_text, stamp  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402
+from support.messages_api import MessagesServer, OfflineModel  # noqa: E402
 
 USER, WINDOW, BELIEFS = "user-bench", 100, 20
 

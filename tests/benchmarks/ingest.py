@@ -28,10 +28,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import wait_for  # noqa: E402
 from streams.adapters.factory import make_embedder  # noqa: E402
 from projector_throughput import bench_worker, episodes, publish, raw_consume, visible_after_publish  # noqa: E402
 from schemas import EpisodeRecorded  # noqa: E402
@@ -39,6 +38,7 @@ from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
+from support.harness import wait_for  # noqa: E402
 
 
 def bare(broker: EmbeddedBroker, n: int, shape: str, tmp: Path) -> float:

@@ -23,12 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from conftest import wait_for  # noqa: E402
 from processors.invalidator import Invalidator, empty_state  # noqa: E402
 from processors.projector import point_id  # noqa: E402
 from processors.provenance import decide, reach  # noqa: E402
@@ -39,6 +38,7 @@ from projector_throughput import bench_worker  # noqa: E402
 from streams.broker import EmbeddedBroker  # noqa: E402
 from streams.producer import Publisher  # noqa: E402
 from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
+from support.harness import wait_for  # noqa: E402
 
 DIM, DEPENDENTS = 384, 10
 

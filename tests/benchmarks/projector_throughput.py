@@ -25,11 +25,10 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support
 
 from aiokafka import AIOKafkaConsumer  # noqa: E402
 
-from conftest import Worker, wait_for  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from processors.projector import EpisodeProjector  # noqa: E402
 from streams.adapters.view.edge import EdgeView  # noqa: E402
@@ -38,6 +37,7 @@ from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.producer import Publisher  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
+from support.harness import Worker, wait_for  # noqa: E402
 
 WORDS = ("deploy auth token retry logs review revert migration flaky test cache latency budget "
          "schema oncall alert rollback staging prod merge conflict docs").split()

@@ -52,13 +52,12 @@ from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 
 import processors.retrieval as retrieval  # noqa: E402
-from conftest import Worker  # noqa: E402
 from processors.embedders import HashingEmbedder  # noqa: E402
 from streams.adapters.factory import make_embedder  # noqa: E402
 from processors.projector import episode_payload, point_id, reflection_payload  # noqa: E402
@@ -73,6 +72,7 @@ from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402
+from support.harness import Worker  # noqa: E402
 
 DIM, VIEW, BATCH = 384, "reflect", 2000
 SYNTHESIS = "baseline read-time synthesis"
@@ -393,7 +393,7 @@ def in_process(root: Path, users: int, n: int, min_score: float, questions: str)
 # ------------------------------------------------------------------ 3. HTTP
 
 class PatientWorker(Worker):
-    """conftest's Worker with a longer start timeout: a large view takes a while to load."""
+    """support.harness's Worker with a longer start timeout: a large view takes a while to load."""
 
     def start(self, timeout: float = 600, every: float = 0.2) -> "PatientWorker":
         return super().start(timeout, every)

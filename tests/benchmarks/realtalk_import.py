@@ -16,7 +16,7 @@ with the MiniLM embedder:
    (`REFLECT_PROJECTOR_BATCH`, 256), in this process: texts/s, the best of
    three passes;
 2. reasoner off: `REFLECT_THRESHOLD=1e9`, so no cycle is ever asked;
-3. stand-in: `REFLECT_REASONER=anthropic` against tests/messages_api.py's
+3. stand-in: `REFLECT_REASONER=anthropic` against tests/support/messages_api.py's
    Messages API server answering as the offline model after `--delay`
    seconds a call (the model's CPU is in this process, measured apart), the
    trigger on its defaults (threshold 15, 50 high-salience episodes: with
@@ -65,8 +65,6 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import orjson  # noqa: E402
 
 import realtalk  # noqa: E402
-from conftest import Worker, read_topic, wait_for  # noqa: E402
-from messages_api import MessagesServer, OfflineModel  # noqa: E402
 from processors.accumulator import Accumulator, Trigger, admit  # noqa: E402
 from streams.adapters.factory import make_embedder  # noqa: E402
 from streams.adapters.view.edge import EdgeView  # noqa: E402
@@ -76,6 +74,9 @@ from streams.client import AsyncReflectClient  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402
+from support.broker import read_topic  # noqa: E402
+from support.harness import Worker, wait_for  # noqa: E402
+from support.messages_api import MessagesServer, OfflineModel  # noqa: E402
 
 IMPORTANCE = 0.5  # the data rates no turn above another
 OFF = 1e9  # a threshold no import reaches: the reasoner off

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for conftest helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from projector_throughput import bench_worker, episodes, raw_consume, visible_after_publish  # noqa: E402

@@ -16,7 +16,7 @@ cycle is done:
    topic);
 3. on the first seed only, recall p95 over HTTP (`--reads` questions)
    alone and during a second offline replay, and `replay stand-in` with the
-   Anthropic reasoner against tests/messages_api.py's stand-in (answering
+   Anthropic reasoner against tests/support/messages_api.py's stand-in (answering
    as the offline model, in this process): its diff report, as `reflect
    diff` prints it (`--report`).
 """
@@ -41,14 +41,15 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import orjson  # noqa: E402
 
-from conftest import Worker, read_topic, wait_for  # noqa: E402
-from messages_api import MessagesServer, OfflineModel  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
 from streams.producer import Publisher, make_episode  # noqa: E402
 from streams.sample import history  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402
+from support.broker import read_topic  # noqa: E402
+from support.harness import Worker, wait_for  # noqa: E402
+from support.messages_api import MessagesServer, OfflineModel  # noqa: E402
 
 QUESTIONS = ("what went wrong with the deploy?", "what does the user want before a retry?",
              "which pull requests were reverted?", "when does the user not ship?")

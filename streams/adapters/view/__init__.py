@@ -1,6 +1,6 @@
 """The view's adapters, behind the `VectorStore` port (processors/ports.py).
 
-Two adapters, one contract (tests/test_view_contract.py runs against both):
+Two adapters, one contract (tests/contract/test_view_contract.py runs against both):
 
 * `edge.EdgeView` — Qdrant Edge, Qdrant's in-process engine, on a directory.
   The embedded default: user-filtered top-10 in milliseconds where

@@ -23,7 +23,7 @@ class SharedView:
       the very segments read (`python tests/benchmarks/view_threads.py
       --rounds 1000 --points 5000`, 3 runs): 1000 upserts and 3000 reads
       each, 0 answers differing from the serial ones, 0 errors, the written
-      users as a serial run leaves them; tests/test_view_concurrency.py.
+      users as a serial run leaves them; tests/pipeline/test_view_concurrency.py.
       What threads buy is not parallel engine work but turns: the loop and
       the other threads run between calls (scroll pages, payload conversion,
       embedding), where one lock held them all off for a whole scroll.

@@ -1,0 +1,73 @@
+"""The view shared by threads (`SharedView`) over a real Qdrant Edge shard:
+concurrent reads and writes answer as serial ones, and a swap waits for the
+calls in flight and sends the calls made meanwhile to the new view."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from processors.ports import ViewPoint
+from streams.adapters.view.edge import EdgeView
+from streams.adapters.view.shared import SharedView
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+from view_threads import DIM, trial  # noqa: E402
+
+
+def test_threads_reading_and_writing_get_the_serial_answers(tmp_path):
+    t = trial(lambda name: SharedView(EdgeView(tmp_path / name, "reflect", DIM)), threads=4, rounds=160,
+              users=3, per_user=600)
+    assert set(t.calls) == {"upsert", "get", "count", "search", "scroll"}
+    assert sum(t.calls.values()) == 4 * 160
+    assert t.clean, (dict(t.mismatches), t.errors[:3], t.differs)
+
+
+class Held:
+    """A view whose `get` waits for `release` once it has begun: a call in flight."""
+
+    def __init__(self, view: EdgeView) -> None:
+        self.view, self.begun, self.release = view, threading.Event(), threading.Event()
+
+    def get(self, ids):
+        self.begun.set()
+        assert self.release.wait(30), "never released"
+        return self.view.get(ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self.view, name)
+
+
+def edge(tmp_path: Path, name: str, users: list[str]) -> EdgeView:
+    view = EdgeView(tmp_path / name, "reflect", DIM)
+    view.upsert([ViewPoint(f"00000000-0000-0000-0000-{i:012d}", [1.0] * DIM, {"user_id": u, "text": name})
+                 for i, u in enumerate(users)])
+    return view
+
+
+def test_swap_waits_for_the_calls_in_flight_and_later_calls_see_the_new_view(tmp_path):
+    old = Held(edge(tmp_path, "old", ["alice"]))
+    new = edge(tmp_path, "new", ["alice", "alice"])
+    shared, answers = SharedView(old), {}
+
+    def run(name: str, call) -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.__setitem__(name, call()))
+        thread.start()
+        return thread
+
+    in_flight = run("in flight", lambda: shared.get(["00000000-0000-0000-0000-000000000000"]))
+    assert old.begun.wait(30)
+    swapping = run("swap", lambda: shared.swap(new))
+    swapping.join(0.3)
+    assert swapping.is_alive(), "the swap returned while a call was in flight on the old view"
+    later = run("later", lambda: shared.count("alice"))
+    old.release.set()
+    for thread in (in_flight, swapping, later):
+        thread.join(30)
+    assert answers["in flight"]["00000000-0000-0000-0000-000000000000"]["text"] == "old"
+    assert answers["swap"] is old and answers["later"] == 2  # the new view's count
+    old.drop()  # idle: nothing reads it any more
+    assert shared.get(["00000000-0000-0000-0000-000000000001"]) != {}
+    new.close()
