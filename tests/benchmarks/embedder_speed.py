@@ -34,7 +34,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import realtalk  # noqa: E402
 from ingest import episodes, turns  # noqa: E402
-from processors import minilm  # noqa: E402
+from streams.adapters import minilm  # noqa: E402
 from streams.adapters.factory import make_embedder  # noqa: E402
 from suite_figures import figure, print_scenario  # noqa: E402
 
