@@ -38,6 +38,7 @@ from processors.accumulator import Trigger
 from processors.dlq import accept, carried
 from processors.replay import LIVE, Diff, Estimate, ReplayError, ReplaySpec, diff, estimate, promotion
 from schemas import ContractError, ReflectionInvalidated, now
+from streams.dlq_replay import read_to_end
 from streams.producer import Publisher
 from streams.security import client_options
 from streams.settings import Settings
@@ -106,12 +107,10 @@ async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def read_log(settings: Settings, ends: dict[int, int], topic: str | None = None
-                   ) -> list[tuple[Any, float | None]]:
-    """(record, logged at) of every event of `topic` (`episodes`) before
-    `ends`, per partition in order; undecodable ones skipped (they are dead
-    letters)."""
-    topic, carries = topic or settings.topic_episodes, carried(settings)
+async def read_log(settings: Settings, ends: dict[int, int]) -> list[tuple[Any, float | None]]:
+    """(record, logged at) of every event of `episodes` before `ends`, per
+    partition in order; undecodable ones skipped (they are dead letters)."""
+    topic, carries = settings.topic_episodes, carried(settings)
     wanted = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0}
     out: list[tuple[Any, float | None]] = []
     if not wanted:  # (and aiokafka's consumer, stopped before it was assigned anything, raises CancelledError)
@@ -300,9 +299,11 @@ class Replays:
         side = await asyncio.to_thread(self.beliefs, name, users)
         live = await asyncio.to_thread(beliefs_in, self.view, users)
         side_topic = state["topics"][1]
-        side_settings_ = dataclasses.replace(self.settings, topic_reflections=side_topic)
-        ends = await end_offsets(side_settings_, side_topic)
-        logged = [e for e, _ in await read_log(side_settings_, ends, side_topic)]
+        carries = carried(dataclasses.replace(self.settings, topic_reflections=side_topic))
+        logged = []
+        for record in await read_to_end(self.settings, [side_topic]):  # bounded, to the fetch's high watermark
+            with contextlib.suppress(ContractError):
+                logged.append(accept(record, carries))
         events = promotion(name, live, side, logged, now())
         async with Publisher(self.settings) as publisher:
             for event in events:
