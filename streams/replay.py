@@ -91,6 +91,18 @@ def read_state(folder: Path) -> dict[str, Any]:
     return json.loads((folder / STATE_FILE).read_text())
 
 
+def bytes_under(folder: Path) -> int:
+    """The size of a folder that a running side worker writes to: a file or
+    folder it removes meanwhile (a WAL segment, the state's temporary file)
+    counts as gone, not as an error (os.walk skips what it cannot list)."""
+    size = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                size += os.stat(os.path.join(root, name)).st_size
+    return size
+
+
 def write_state(folder: Path, state: dict[str, Any]) -> None:
     tmp = folder / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2))
@@ -185,8 +197,7 @@ class Replays:
         state = read_state(folder)
         if state["state"] == "running" and name not in self.running:  # its worker stopped meanwhile
             state["state"] = "interrupted"
-        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-        return {**state, "bytes": size, "age_s": round(time.time() - state["created"], 1)}
+        return {**state, "bytes": bytes_under(folder), "age_s": round(time.time() - state["created"], 1)}
 
     def cost(self, spec: ReplaySpec, tokens: int) -> float | None:
         return cost_of(self.settings, tokens) if spec.reasoner == "anthropic" else 0.0

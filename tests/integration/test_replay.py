@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -19,6 +20,7 @@ from processors.ports import GONE, POSITION
 from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated
 from streams.producer import Publisher
+from streams.replay import bytes_under
 from streams.topics import ensure_topics
 from support.harness import run, wait_for
 from support.messages_api import MessagesServer, OfflineModel
@@ -114,6 +116,32 @@ def test_an_unseen_episode_is_gone_where_it_was_logged(tmp_path):
             assert "e1" not in {h.payload["episode_id"] for h in view.search("ana", vector, 5, upto=upto)}
     finally:
         view.close()
+
+
+def test_a_replays_size_counts_what_is_there_while_its_worker_writes(tmp_path):
+    """The side worker removes files while a summary sums them (a WAL
+    segment, the state's temporary file): one listed, then gone, is not an
+    error (CI saw a 500 from GET /v1/admin/replays/NAME that way)."""
+    (tmp_path / "shard").mkdir()
+    (tmp_path / "shard" / "segment").write_bytes(b"12345")
+    assert bytes_under(tmp_path) == 5
+    stop = threading.Event()
+
+    def churn():  # what write_state and the WAL do: write a file, then replace or remove it
+        while not stop.is_set():
+            for i in range(20):
+                (tmp_path / "shard" / f"wal-{i}").write_bytes(b"x")
+            for i in range(20):
+                (tmp_path / "shard" / f"wal-{i}").unlink()
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        sizes = [bytes_under(tmp_path) for _ in range(300)]
+    finally:
+        stop.set()
+        writer.join()
+    assert all(5 <= size <= 25 for size in sizes)
 
 
 # -- the side worker, on the real broker ------------------------------------------------------------------
