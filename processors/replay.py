@@ -14,7 +14,7 @@ what the episode's words decided, which is what its retraction would undo.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable
 
 from processors.accumulator import Accumulator, Trigger, admit
@@ -40,12 +40,17 @@ class ReplaySpec:
     without: tuple[str, ...] = ()
     until: str | None = None  # RFC 3339: records logged after it are left out
     budget_tokens: int = 0  # 0: no limit
+    prompt_version: str | None = None  # the anthropic reasoner's prompt set, by version or library folder
 
     def __post_init__(self) -> None:
         if not NAME.fullmatch(self.name):
             raise ReplayError("a replay's name is 1 to 40 of a-z 0-9 _ -, starting with a letter or digit")
         if self.reasoner not in REASONERS:
             raise ReplayError(f"reasoner must be one of {', '.join(REASONERS)}")
+        if self.prompt_version is not None and (self.reasoner != "anthropic" or not NAME.fullmatch(
+                self.prompt_version)):
+            raise ReplayError("prompt_version chooses among the anthropic reasoner's prompt sets (the offline "
+                              "reasoner has one): a version or a folder name, 1 to 40 of a-z 0-9 _ -")
         if self.until is not None:
             try:
                 at = parse_time(self.until)
@@ -63,7 +68,7 @@ class ReplaySpec:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ReplaySpec":
-        known = {"name", "reasoner", "users", "without", "until", "budget_tokens"}
+        known = {f.name for f in fields(cls)}
         unknown = set(raw) - known
         if unknown:
             raise ReplayError(f"unknown field(s): {', '.join(sorted(unknown))}")
@@ -75,7 +80,7 @@ class ReplaySpec:
             values[key] = tuple(dict.fromkeys(items))
         if not isinstance(values.get("name"), str):
             raise ReplayError("a replay needs a name")
-        for key in ("reasoner", "until"):
+        for key in ("reasoner", "until", "prompt_version"):
             if values.get(key) is not None and not isinstance(values[key], str):
                 raise ReplayError(f"{key} must be a string")
         budget = values.get("budget_tokens", 0)

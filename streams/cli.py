@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("name", nargs="?", help="the side view's name (a-z 0-9 _ -)")
     replay.add_argument("--user", action="append", default=[], help="only this user (repeatable)")
     replay.add_argument("--reasoner", choices=("offline", "anthropic"), default="offline")
+    replay.add_argument("--prompt-version", default=None, metavar="V", help=(
+        "the anthropic reasoner's prompt set: a version, or a folder of the worker's prompt library"))
     replay.add_argument("--without", action="append", default=[], metavar="EPISODE_ID",
                         help="as if this episode's words had never been read (repeatable)")
     replay.add_argument("--until", default=None, help="the log as it stood at this RFC 3339 time")

@@ -235,8 +235,8 @@ class _Api:
         return self._send(_Call("GET", "/v1/admin/rebuild", dict))
 
     def start_replay(self, name: str, *, estimate_only: bool = False, **spec: Any) -> dict[str, Any]:
-        """Replay the log into side view `name` (spec: reasoner, users, without,
-        until, budget_tokens); `estimate_only`: what it would take, nothing started."""
+        """Replay the log into side view `name` (spec: reasoner, prompt_version,
+        users, without, until, budget_tokens); `estimate_only`: what it would take, nothing started."""
         body = {"name": name, **{k: v for k, v in spec.items() if v not in (None, (), [])}}
         return self._send(_Call("POST", "/v1/admin/replays", dict, body=body | ({"estimate_only": True}
                                                                                 if estimate_only else {})))

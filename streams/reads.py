@@ -93,12 +93,14 @@ def replay(client: ReflectClient, args) -> int:
         return 0
     if not args.name:
         raise RuntimeError("name the replay (reflect replay NAME), or --list, or --drop NAME")
-    spec = {"reasoner": args.reasoner, "users": args.user, "without": args.without, "until": args.until,
+    spec = {"reasoner": args.reasoner, "prompt_version": args.prompt_version, "users": args.user, "without": args.without, "until": args.until,
             "budget_tokens": args.budget_tokens}
     planned = client.start_replay(args.name, estimate_only=True, **spec)
     est, cost = planned["estimate"], planned["estimated_cost_usd"]
     print(f"replay {args.name}: {est['episodes']} episodes of {len(est['users'])} user(s), ~{est['cycles']} "
-          f"cycles with the {args.reasoner} reasoner, ~{est['tokens']:,} tokens"
+          f"cycles with the {args.reasoner} reasoner"
+          + (f" (prompts {planned['spec']['prompt_version']})" if args.prompt_version else "")
+          + f", ~{est['tokens']:,} tokens"
           + ("" if cost is None else f", ~${cost:,.2f}")
           + (f"; budget {args.budget_tokens:,} tokens" if args.budget_tokens else ""), file=sys.stderr)
     if est["tokens"] and not args.yes:

@@ -38,6 +38,7 @@ from processors.accumulator import Trigger
 from processors.dlq import accept, carried
 from processors.replay import LIVE, Diff, Estimate, ReplayError, ReplaySpec, diff, estimate, promotion
 from schemas import ContractError, ReflectionInvalidated, now
+from streams.adapters import prompt_sets
 from streams.dlq_replay import read_to_end
 from streams.producer import Publisher
 from streams.security import client_options
@@ -55,14 +56,15 @@ def replay_dir(settings: Settings, name: str) -> Path:
     return Path(settings.data_dir) / FOLDER / name
 
 
-def side_settings(settings: Settings, spec: ReplaySpec, port: int) -> Settings:
+def side_settings(settings: Settings, spec: ReplaySpec, port: int, prompts: str | None = None) -> Settings:
     """The side worker's settings: the live worker's, with names, data, reasoner and budget of its own."""
     suffix = f".replay.{spec.name}"
     return dataclasses.replace(
         settings, replay=spec.name, app_id=settings.app_id + suffix,
         topic_requests=settings.topic_requests + suffix, topic_reflections=settings.topic_reflections + suffix,
         data_dir=str(replay_dir(settings, spec.name)), view=f"{settings.view}-replay-{spec.name}",
-        reasoner=spec.reasoner, web_host="127.0.0.1", web_port=port, advertised_url=None,
+        reasoner=spec.reasoner, prompts=prompts or settings.prompts,
+        web_host="127.0.0.1", web_port=port, advertised_url=None,
         # A replay runs months of cycles in minutes: the live per-day limits would stop it at random
         # users; its own budget is all it may spend.
         daily_tokens=spec.budget_tokens, user_daily_tokens=0, tenant_daily_tokens=0)
@@ -202,6 +204,16 @@ class Replays:
     def cost(self, spec: ReplaySpec, tokens: int) -> float | None:
         return cost_of(self.settings, tokens) if spec.reasoner == "anthropic" else 0.0
 
+    def prompts(self, spec: ReplaySpec) -> dict[str, str] | None:
+        """The prompt set a replay asked for, as version and folder."""
+        if spec.prompt_version is None:
+            return None
+        try:
+            version, folder = prompt_sets.chosen(self.settings, spec.prompt_version)
+        except prompt_sets.PromptSetError as exc:
+            raise ReplayError(str(exc)) from None
+        return {"version": version, "folder": str(folder.resolve())}
+
     async def plan(self, spec: ReplaySpec) -> tuple[dict[int, int], Estimate]:
         """Where the log ends now, and what replaying it up to there would take."""
         ends = await end_offsets(self.settings, self.settings.topic_episodes)
@@ -224,11 +236,12 @@ class Replays:
         if (folder / STATE_FILE).exists():
             raise ReplayError(f"a replay named {spec.name} exists: drop it first (reflect replay --drop "
                               f"{spec.name})")
+        prompts = self.prompts(spec)
         ends, planned = await self.plan(spec)
         cost = self.cost(spec, planned.tokens)
-        side = side_settings(self.settings, spec, free_port())
+        side = side_settings(self.settings, spec, free_port(), prompts and prompts["folder"])
         folder.mkdir(parents=True)
-        write_state(folder, {"spec": spec.to_dict(), "ends": {str(p): e for p, e in ends.items()},
+        write_state(folder, {"spec": spec.to_dict(), "prompts": prompts, "ends": {str(p): e for p, e in ends.items()},
                              "estimate": planned.to_dict(), "estimated_cost_usd": cost, "created": time.time(),
                              "state": "running", "group": side.app_id,
                              "topics": [side.topic_requests, side.topic_reflections, side.dlq_episodes,

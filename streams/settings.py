@@ -362,6 +362,12 @@ SPECS: tuple[Spec, ...] = (
          "Reasoner of the reflection loop (anthropic needs ANTHROPIC_API_KEY; ANTHROPIC_BASE_URL is honoured)."),
     Spec("anthropic_model", "REFLECT_ANTHROPIC_MODEL", "claude-haiku-4-5", _model,
          "Model of the anthropic reasoner."),
+    Spec("prompts", "REFLECT_PROMPTS", "", _optional,
+         "A folder holding the anthropic reasoner's prompts (challenge.md, insights.md, insights_batch.md, "
+         "questions.md); empty: the packaged ones. Beliefs carry the set's version, a hash of its files."),
+    Spec("prompt_library", "REFLECT_PROMPT_LIBRARY", "", _optional,
+         "A folder of prompt sets, one per subfolder, that `reflect replay --prompt-version` chooses from "
+         "(by version or folder name, besides the packaged set and `prompts`); empty: data_dir/prompts."),
     Spec("reasoner_timeout", "REFLECT_REASONER_TIMEOUT", "30.0", _positive_float,
          "Seconds one reasoner call may take before it fails."),
     Spec("reasoner_retries", "REFLECT_REASONER_RETRIES", "2", _count,
@@ -571,6 +577,8 @@ class Settings:
     tracing: str
     reasoner: str
     anthropic_model: str
+    prompts: str | None
+    prompt_library: str | None
     reasoner_timeout: float
     reasoner_retries: int
     reasoner_batch: str

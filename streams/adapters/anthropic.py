@@ -1,7 +1,8 @@
 """The Anthropic reasoner: steps 2 and 4 of the loop on Claude, through the SDK.
 
 Statements go to the model as delimited data under a system prompt that says
-so (streams/adapters/prompts/*.md, versioned by PROMPT_VERSION); the answer is asked
+so (streams/adapters/prompts/*.md, or the set REFLECT_PROMPTS names, each
+versioned by a hash of its files: streams/adapters/prompt_sets.py); the answer is asked
 for through a forced tool and, failing that, read from a JSON text answer.
 Whatever the model answers, `reflection.judge` still decides what is kept:
 only in-range citations of the evidence shown, at least the citation floor.
@@ -18,7 +19,6 @@ do, and a model can see a pattern in the days themselves.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from datetime import date
@@ -30,22 +30,9 @@ import orjson
 from processors.challenge import Answer
 from processors.ports import Usage
 from processors.reflection import Insight
+from streams.adapters.prompt_sets import PACKAGED, checked, version_of
 
-PROMPTS = Path(__file__).with_name("prompts")
-
-
-def prompt_version(folder: Path = PROMPTS) -> str:
-    """`anthropic-` and the first 12 hex digits of a SHA-256 over every prompt
-    file (name and content, in name order): an edit to any prompt changes the
-    version its beliefs carry, so a replay into a side view compares prompts
-    by what they said, not by a constant someone forgot to bump."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.md")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"anthropic-{digest.hexdigest()[:12]}"
-
-
-PROMPT_VERSION = prompt_version()
+PROMPT_VERSION = version_of(PACKAGED)  # the packaged prompts' (streams/adapters/prompt_sets.py)
 QUESTIONS_TOOL = {
     "name": "record_questions",
     "description": "Record the salient questions.",
@@ -220,13 +207,14 @@ def answer_json(content: Sequence[Any], tool: str) -> dict[str, Any]:
 
 class AnthropicReasoner:
     name = "anthropic"
-    prompt_version = PROMPT_VERSION
     dated = True  # the reflector passes when each statement occurred: the insight prompts show the day
 
     def __init__(self, client, model: str, max_tokens: int = 1024, batched: bool = True,
-                 price: tuple[float, ...] | None = None) -> None:
+                 price: tuple[float, ...] | None = None, prompts: Path = PACKAGED) -> None:
         self.client, self.model, self.max_tokens, self.batched = client, model, max_tokens, batched
         self.price = price_of(model, price)
+        self.prompts = checked(prompts)
+        self.prompt_version = version_of(prompts)
 
     @classmethod
     def from_settings(cls, settings) -> "AnthropicReasoner":
@@ -239,12 +227,12 @@ class AnthropicReasoner:
         client = anthropic.Anthropic(api_key=key, max_retries=settings.reasoner_retries,
                                      timeout=settings.reasoner_timeout)
         return cls(client, settings.anthropic_model, batched=settings.reasoner_batch == "batched",
-                   price=settings.anthropic_price)
+                   price=settings.anthropic_price, prompts=Path(settings.prompts) if settings.prompts else PACKAGED)
 
     def _ask(self, prompt: str, n: int, data: str, tool: dict, max_tokens: int) -> tuple[dict[str, Any], Usage]:
         import anthropic
 
-        system = (PROMPTS / prompt).read_text().replace("{n}", str(n))
+        system = (self.prompts / prompt).read_text().replace("{n}", str(n))
         try:
             answer = self.client.messages.create(
                 model=self.model, max_tokens=max_tokens,

@@ -11,8 +11,6 @@ from faust.web import Request, Response, View
 from processors.replay import ReplayError, ReplaySpec
 from streams.routes.common import ApiError, answers_json, context, json_body
 
-SPEC_FIELDS = {"name", "reasoner", "users", "without", "until", "budget_tokens"}
-
 
 def refused(error: ReplayError, status: int = 422) -> ApiError:
     return ApiError(status, "invalid" if status == 422 else "not_found" if status == 404 else "conflict", str(error))
@@ -31,14 +29,15 @@ class Replays(View):
         only = body.pop("estimate_only", False)
         if not isinstance(only, bool):
             raise ApiError(422, "invalid", "true or false", "estimate_only")
+        replays = context(self).replays
         try:
             spec = ReplaySpec.from_dict(body)
+            prompts = replays.prompts(spec)
         except (ReplayError, TypeError) as exc:
             raise ApiError(422, "invalid", str(exc)) from None
-        replays = context(self).replays
         if only:
             ends, planned = await replays.plan(spec)
-            return self.json({"spec": spec.to_dict(), "estimate": planned.to_dict(),
+            return self.json({"spec": spec.to_dict(), "prompts": prompts, "estimate": planned.to_dict(),
                               "estimated_cost_usd": replays.cost(spec, planned.tokens),
                               "episodes_logged": sum(ends.values())})
         try:

@@ -9,6 +9,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,9 @@ from processors.replay import ReplayError, ReplaySpec, diff, estimate, promotion
 from processors.ports import GONE, POSITION
 from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated
+from streams.adapters.anthropic import PROMPT_VERSION
+from streams.adapters.prompt_sets import FILES, PACKAGED, version_of
+from streams.client_results import ReflectApiError
 from streams.producer import Publisher
 from streams.replay import bytes_under
 from streams.topics import ensure_topics
@@ -34,9 +38,12 @@ def belief(rid, evidence, user="ana", text="t", status="live"):
 def test_spec_refuses_what_it_cannot_honour():
     for raw, why in (({"name": "Bad Name"}, "name"), ({"name": "a", "reasoner": "gpt"}, "reasoner"),
                      ({"name": "a", "until": "yesterday"}, "until"), ({"name": "a", "users": "ana"}, "users"),
-                     ({"name": "a", "colour": 1}, "unknown"), ({"name": "a", "budget_tokens": -1}, "budget")):
+                     ({"name": "a", "colour": 1}, "unknown"), ({"name": "a", "budget_tokens": -1}, "budget"),
+                     ({"name": "a", "prompt_version": "v2"}, "offline reasoner has one"),
+                     ({"name": "a", "reasoner": "anthropic", "prompt_version": "../etc"}, "prompt_version")):
         with pytest.raises(ReplayError, match=why):
             ReplaySpec.from_dict(raw)
+    assert ReplaySpec.from_dict({"name": "a", "reasoner": "anthropic", "prompt_version": "v2"}).prompt_version == "v2"
 
 
 def test_spec_keeps_users_and_the_log_until_its_time():
@@ -222,40 +229,66 @@ def test_replay_same_log_is_empty_and_without_reaches_what_a_retraction_does(set
     assert client.request("POST", "/v1/admin/replays/without/promote").status == 409  # another history
 
 
-class Terse:
-    """The stand-in Messages API answering as the offline model, but only
-    ever with an answer's first insight: a reasoner that finds less."""
+ONE_EACH = "Give at most one insight per question."
+
+
+class Obedient:
+    """The stand-in Messages API answering as the offline model, and doing
+    what one prompt line asks: under a system prompt that says ONE_EACH,
+    only each answer's first insight (a prompt that makes it find less)."""
 
     def __init__(self) -> None:
-        self.model = OfflineModel()
+        self.model, self.systems = OfflineModel(), []
 
     def __call__(self, body: dict) -> tuple[int, dict]:
         status, answer = self.model(body)
+        self.systems.append(system := body["system"][0]["text"])
         for block in answer.get("content", ()):
-            if block.get("type") == "tool_use" and "insights" in block.get("input", {}):
+            if ONE_EACH in system and block.get("type") == "tool_use" and "insights" in block.get("input", {}):
                 block["input"]["insights"] = block["input"]["insights"][:1]
         return status, answer
 
 
+def prompt_set(folder, added: str):
+    """The packaged prompts, with a line added to the batched insights prompt."""
+    folder.mkdir(parents=True)
+    for name in FILES:
+        (folder / name).write_text((PACKAGED / name).read_text() + (f"\n{added}\n" if name == "insights_batch.md"
+                                                                    else ""))
+    return folder
+
+
 @pytest.mark.integration
 @pytest.mark.broker
-def test_a_promoted_replay_is_what_the_live_view_shows(settings, worker):
-    """Another reasoner's beliefs (the terse stand-in's, through the
-    Anthropic path) made the live ones: afterwards the diff is empty."""
-    settings = dataclasses.replace(settings, threshold=15.0, min_episodes=10)
+def test_a_replay_under_another_prompt_promoted_is_what_the_live_view_shows(settings, worker):
+    """Live cycles on the anthropic path with the packaged prompts; a replay
+    under an edited prompt set (chosen by its folder in the worker's prompt
+    library) finds less, carries that set's version, and once promoted is
+    what the live view shows: afterwards the diff is empty."""
+    settings = dataclasses.replace(settings, threshold=15.0, min_episodes=10, reasoner="anthropic")
     users = ["ana", "ben"]
     logged(settings, episode_stream(users, PER_USER))
-    api = MessagesServer(Terse())
+    model = Obedient()
+    api = MessagesServer(model)
     try:
+        edited = prompt_set(Path(settings.data_dir) / "prompts" / "one-each", ONE_EACH)
         w = worker(settings, env={"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url})
         wait_for(lambda: settled(w, users, PER_USER), 120, "every episode projected and every cycle done")
         client = w.client
-        client.start_replay("terse", reasoner="anthropic")
-        replayed(client, "terse")
+        assert model.systems and not any(ONE_EACH in system for system in model.systems)
+        with pytest.raises(ReflectApiError) as unknown:
+            client.start_replay("nowhere", reasoner="anthropic", prompt_version="no-such-set")
+        assert unknown.value.status == 422 and PROMPT_VERSION in str(unknown.value) and "one-each" in str(unknown.value)
+
+        client.start_replay("terse", reasoner="anthropic", prompt_version="one-each")
+        terse = replayed(client, "terse")
+        assert terse["prompts"]["version"] == version_of(edited) != PROMPT_VERSION
+        assert any(ONE_EACH in system for system in model.systems)  # the side worker asked with the edited set
         before = client.replay_diff("terse")
         assert before["dropped"] or before["changed"], before
         done = client.promote_replay("terse")
         assert done["published"] > 0 and done["invalidated"] > 0
+        assert {b["prompt_version"] for u in users for b in live_beliefs(client, u)} >= {version_of(edited)}
         after = client.replay_diff("terse")
         assert not (after["added"] or after["dropped"]), after
         for kept in after["changed"]:  # one id in both: the live log keeps its later reinforcements

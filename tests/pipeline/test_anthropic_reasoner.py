@@ -17,6 +17,7 @@ from processors.projector import EpisodeProjector
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Candidate, judge
 from processors.reflector import CycleConfig, run_cycle, window_records
+from streams.adapters.prompt_sets import FILES, PACKAGED, PromptSetError
 from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
 from streams.sample import history
@@ -294,3 +295,14 @@ def test_a_challenge_cycle_on_the_stand_in_model_supersedes_with_a_successor(tmp
 def test_an_unusable_verdict_fails_the_challenge_cycle_and_changes_nothing(tmp_path, answer, why):
     [audit] = _challenged(tmp_path, [tool_answer("record_verdict", answer)])
     assert audit.outcome == "failed" and why in audit.error and audit.usage["calls"] == 1 and audit.verdict is None
+
+
+def test_a_prompt_set_lacking_a_file_is_refused_and_a_whole_one_names_its_version(tmp_path):
+    (tmp_path / "questions.md").write_text("Ask {n} questions.")
+    with pytest.raises(PromptSetError, match="lacks challenge.md, insights.md, insights_batch.md"):
+        AnthropicReasoner(None, "claude-haiku-4-5", prompts=tmp_path)
+    for name in FILES[:-1]:
+        (tmp_path / name).write_text((PACKAGED / name).read_text())
+    assert AnthropicReasoner(None, "claude-haiku-4-5", prompts=tmp_path).prompt_version not in (PROMPT_VERSION, "")
+    (tmp_path / "questions.md").write_text((PACKAGED / "questions.md").read_text())
+    assert AnthropicReasoner(None, "claude-haiku-4-5", prompts=tmp_path).prompt_version == PROMPT_VERSION
