@@ -262,12 +262,16 @@ class Replays:
         whole replayed log; then it is stopped, and the state says how it ended."""
         replay, started = self.running[name], time.monotonic()
         ends = {int(p): e for p, e in replay.state["ends"].items()}
+        # One consumer for the whole replay: one made at each look cost the live worker's loop a
+        # bootstrap and its connections every half second, which its reads waited behind.
+        commits = AIOKafkaConsumer(**client_options(side), group_id=side.app_id, enable_auto_commit=False)
         try:
+            await commits.start()
             while True:
                 if replay.process.poll() is not None:
                     raise RuntimeError(f"the side worker exited with {replay.process.returncode} "
                                        f"(its log: {replay.folder / 'worker.log'})")
-                progress = await handled(side, ends)
+                progress = await handled(commits, side, ends)
                 replay.update(progress=progress, seconds=round(time.monotonic() - started, 1))
                 if progress["done"]:
                     break
@@ -283,6 +287,7 @@ class Replays:
             replay.update(state="failed", error=str(exc))
             log.warning("replay %s failed: %s", name, exc)
         finally:
+            await commits.stop()
             self.running.pop(name, None)  # only now: until the state says how it ended, it is running
 
     async def close(self) -> None:
@@ -395,32 +400,28 @@ def beliefs_in(view, users: list[str]) -> list[dict[str, Any]]:
     return [p for user in users for _, p in view.scroll(user, kind="reflection")]
 
 
-async def handled(side: Settings, ends: dict[int, int]) -> dict[str, Any]:
+async def handled(consumer: AIOKafkaConsumer, side: Settings, ends: dict[int, int]) -> dict[str, Any]:
     """How far the side worker has gone: its commits on `episodes` against
     the replayed log's ends, then on its requests and reflections against
     theirs. Done when every one is at its end: a pipeline commits a record
     once its effects are on the log, so the requests asked, the beliefs
-    published, and the view are all there."""
-    consumer = AIOKafkaConsumer(**client_options(side), group_id=side.app_id, enable_auto_commit=False)
-    await consumer.start()  # it joins no group: it only reads the side group's commits
-    try:
-        async def at(topic: str, partitions) -> dict[int, int]:
-            return {p: await consumer.committed(TopicPartition(topic, p)) or 0 for p in partitions}
+    published, and the view are all there. `consumer` reads the side
+    group's commits and joins no group."""
+    async def at(topic: str, partitions) -> dict[int, int]:
+        return {p: await consumer.committed(TopicPartition(topic, p)) or 0 for p in partitions}
 
-        done = await at(side.topic_episodes, ends)
-        out: dict[str, Any] = {"episodes": sum(min(done[p], end) for p, end in ends.items()),
-                               "episodes_total": sum(ends.values())}
-        finished = out["episodes"] >= out["episodes_total"]
-        for key, topic in (("requests", side.topic_requests), ("reflections", side.topic_reflections)):
-            partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-            topic_ends = {tp.partition: end for tp, end in (await consumer.end_offsets(partitions)).items()}
-            done = await at(topic, topic_ends)
-            out[key], out[f"{key}_total"] = sum(done.values()), sum(topic_ends.values())
-            finished = finished and out[key] >= out[f"{key}_total"]
-        out["done"] = finished
-        return out
-    finally:
-        await consumer.stop()
+    done = await at(side.topic_episodes, ends)
+    out: dict[str, Any] = {"episodes": sum(min(done[p], end) for p, end in ends.items()),
+                           "episodes_total": sum(ends.values())}
+    finished = out["episodes"] >= out["episodes_total"]
+    for key, topic in (("requests", side.topic_requests), ("reflections", side.topic_reflections)):
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        topic_ends = {tp.partition: end for tp, end in (await consumer.end_offsets(partitions)).items()}
+        done = await at(topic, topic_ends)
+        out[key], out[f"{key}_total"] = sum(done.values()), sum(topic_ends.values())
+        finished = finished and out[key] >= out[f"{key}_total"]
+    out["done"] = finished
+    return out
 
 
 async def delete_topics(settings: Settings, topics: list[str], prefix: str) -> None:
