@@ -39,8 +39,9 @@ class SelectionError(ValueError):
     """A filter that can select nothing by construction (a flag to fix)."""
 
 
-class ReplayError(RuntimeError):
-    """The dead letters could not be read to their end."""
+class ReplayError(TimeoutError):
+    """A log could not be read to its end in time: the broker is away or
+    slow, which a caller retries (an HTTP route answers 503)."""
 
 
 def instant(raw: str) -> datetime:

@@ -86,6 +86,8 @@ class ReplayPromotion(View):
             return self.json(await context(self).replays.promote(name))
         except ReplayError as exc:
             raise refused(exc, 404 if "no replay" in str(exc) else 409) from None
+        except TimeoutError as exc:  # the side's log not read to its end: the broker is away or slow
+            raise ApiError(503, "unavailable", str(exc), retry_after=5) from None
 
 
 PAGES = {"/v1/admin/replays": Replays, "/v1/admin/replays/{name}": Replay,
