@@ -1,8 +1,10 @@
 """Invalidator: retractions → ReflectionInvalidated (+ revalidation requests).
 
-The reverse-provenance index is the view's keyword index on `evidence_ids`
-(beliefs citing X = one indexed filter), written in the same upsert as the
-belief and rebuilt by any replay, so there is no second copy to keep in step.
+The reverse-provenance index is the view's keyword index on `lineage_ids`,
+every record a belief has ever cited, not only the newest `evidence_ids` it
+shows (beliefs citing X = one indexed filter), written in the same upsert as
+the belief and rebuilt by any replay, so there is no second copy to keep in
+step.
 Its cost follows the dependents, not the store.
 
 Every writer of a belief event puts it in the view before the user's next
@@ -103,11 +105,14 @@ class Invalidator:
 
     def _dependents(self, user: str, state: dict[str, Any]):
         def of(record_id: str) -> list[dict[str, Any]]:
+            found = {}
+            # Every belief that ever cited it (lineage), and those projected before lineage was kept.
+            for field in ("lineage_ids", "evidence_ids"):
+                found |= {p["reflection_id"]: p for _, p in self.view.scroll(user, kind="reflection",
+                                                                             **{field: record_id})
+                          if p.get("user_id") == user}
             # Sorted: the walk's order decides paths, and must not follow the engine's.
-            found = sorted(((p["reflection_id"], p) for _, p in self.view.scroll(user, kind="reflection",
-                                                                                 evidence_ids=record_id)
-                            if p.get("user_id") == user), key=lambda rp: rp[0])
-            return [{**p, **overlay(state, rid)} for rid, p in found]
+            return [{**p, **overlay(state, rid)} for rid, p in sorted(found.items())]
         return of
 
     def on_retracted(self, event: EpisodeRetracted, state: dict[str, Any]) -> tuple[list[Event], bool]:
@@ -134,11 +139,13 @@ class Invalidator:
         the view holds it now (its writer put it there first)."""
         rid, user = event.reflection_id, event.user_id
         decided = state["decided"].get(rid, {})
-        lost = [e for e in event.evidence_ids if e in state["gone"] and e not in decided.get("lost", ())]
+        cited = (*event.evidence_ids, *(event.lineage_ids or () if isinstance(event, ReflectionCreated)
+                                        else event.added_evidence_ids))
+        lost = [e for e in dict.fromkeys(cited) if e in state["gone"] and e not in decided.get("lost", ())]
         if not lost or rid in state["gone"]:  # an invalid belief's id is in gone
             return []
         pid = point_id("reflection", user, rid)
-        held = self.view.get([pid]).get(pid) or {"evidence_ids": list(event.evidence_ids),
+        held = self.view.get([pid]).get(pid) or {"evidence_ids": list(event.evidence_ids), "lineage_ids": list(cited),
                                                   "confidence": event.confidence, "depth": getattr(event, "depth", 1)}
         payload = {"status": "live", **held, "reflection_id": rid, **overlay(state, rid)}
         out = self._decide(user, lost[0], [(lost[0], payload)], state)

@@ -29,9 +29,10 @@ if TYPE_CHECKING:  # annotations only: the optimize child imports the view's por
 
 VECTOR = "text"
 LEXICAL = "bm25"  # sparse BM25 terms of the point's text
-# Keyword indexes, created with the shard; evidence_ids is the reverse
-# provenance index (a belief matches each id it cites).
-INDEXED = ("user_id", "kind", "status", "evidence_ids")
+# Keyword indexes, created with the shard; lineage_ids is the reverse
+# provenance index (a belief matches each id it has ever cited), and
+# evidence_ids that of views projected before lineage was kept.
+INDEXED = ("user_id", "kind", "status", "evidence_ids", "lineage_ids")
 TIMED = "occurred_at"  # datetime index: a cycle searches what was true by its time
 # An episode's place in its user's stream (its offset in the episodes topic,
 # where all of a user's events are on one partition, in order): a cycle reads

@@ -229,6 +229,13 @@ class EpisodeProjector:
 LIVE_HISTORY = 32  # newest "live" entries (reinforcements) a belief's history keeps: see bounded_history
 
 
+def lineage(payload: dict) -> list[str]:
+    """Every record a belief has ever cited (evidence_ids shows the newest
+    part): the walk of a retraction follows it. A belief projected before
+    lineage was kept has its shown evidence only."""
+    return payload.get("lineage_ids") or list(payload.get("evidence_ids", ()))
+
+
 def support_of(support: int | None, evidence_ids) -> int:
     """Distinct evidence a belief has ever cited. A belief (or event) from
     before `support` was counted merged all its evidence into evidence_ids."""
@@ -243,6 +250,7 @@ def reflection_payload(event: ReflectionCreated) -> dict:
         "cycle_id": event.cycle_id,
         "text": event.text,
         "evidence_ids": list(event.evidence_ids),
+        "lineage_ids": list(dict.fromkeys((*event.evidence_ids, *(event.lineage_ids or ())))),
         "support": support_of(event.support, event.evidence_ids),
         "depth": event.depth,
         "importance": event.importance,
@@ -296,9 +304,12 @@ def change(payload: dict, event) -> tuple[dict, bool]:
         return staled(payload, event), False
     if isinstance(event, ReflectionReinforced):
         support = support_of(event.support, event.evidence_ids)
+        held = lineage(payload)
+        grown = list(dict.fromkeys((*held, *event.evidence_ids, *event.added_evidence_ids)))
         if support <= support_of(payload.get("support"), payload.get("evidence_ids", ())):
-            return {}, False
-        return {"evidence_ids": list(event.evidence_ids), "confidence": event.confidence, "support": support,
+            return ({"lineage_ids": grown} if len(grown) > len(held) else {}), False  # late, but cited all the same
+        return {"evidence_ids": list(event.evidence_ids), "lineage_ids": grown, "confidence": event.confidence,
+                "support": support,
                 "reinforced_at": event.recorded_at,
                 "supported_at": latest(payload.get("supported_at"), event.supported_at),
                 "history": _logged(payload, event, event.recorded_at, "live", event.confidence)}, False

@@ -1,6 +1,7 @@
 """Provenance: what a retraction does to the beliefs resting on it, pure.
 
-A belief cites evidence (episodes, or beliefs one level down). When evidence
+A belief cites evidence (episodes, or beliefs one level down): the newest
+part shown in `evidence_ids`, all of it in its lineage. When evidence
 goes — an episode retracted, a belief invalidated — every belief reachable
 over the reverse citations is reconsidered once, deepest last, so a belief is
 judged after everything it cites has been:
@@ -18,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from processors.projector import served
+from processors.projector import lineage, served
 from schemas import parse_time
 
 Dependents = Callable[[str], Iterable[dict[str, Any]]]  # id → payloads of beliefs citing it
@@ -75,8 +76,8 @@ def decide(reached: Mapping[str, dict[str, Any]], parent: Mapping[str, str], roo
     out = []
     for rid in sorted(reached, key=lambda r: (int(reached[r].get("depth", 1)), r)):
         payload = reached[rid]
-        evidence = list(payload.get("evidence_ids", ()))
-        lost = tuple(e for e in evidence if e in gone)
+        evidence, cited = list(payload.get("evidence_ids", ())), lineage(payload)  # shown; ever cited
+        lost = tuple(e for e in cited if e in gone)
         # An erasure reaches beliefs already invalid or already weakened by the
         # same episode too: their text still has to go.
         if not erasure and (payload.get("status") == "invalid" or set(lost) <= set(lost_before.get(rid, ()))):
@@ -85,7 +86,8 @@ def decide(reached: Mapping[str, dict[str, Any]], parent: Mapping[str, str], roo
             continue
         surviving = tuple(e for e in evidence if e not in gone)
         invalid = erasure or len(surviving) < floor
-        confidence = 0.0 if invalid else float(payload.get("confidence", 0.5)) * len(surviving) / len(evidence)
+        standing = sum(e not in gone for e in cited) / len(cited)
+        confidence = 0.0 if invalid else float(payload.get("confidence", 0.5)) * standing
         out.append(Decision(rid, "invalid" if invalid else "weakened", path_to(rid, parent, root),
                             round(confidence, 6), surviving, lost))
         if invalid:

@@ -324,9 +324,9 @@ def kept_evidence(cited: Sequence[str], limit: int) -> tuple[str, ...]:
     """The evidence a belief keeps citing, at most `limit`, in citation order:
     the most recently cited. That is what the next cycles recall (the rerank
     favours recent records), so a re-citation is recognised as a repeat rather
-    than counted as new support, and what an invalidation walks from is the
-    evidence the belief rests on now. Older support stays counted in `support`;
-    a retraction of evidence dropped here no longer reaches the belief."""
+    than counted as new support. Older support stays counted in `support`,
+    and in the belief's lineage (the creation's `lineage_ids`, each
+    reinforcement's added ids), which a retraction's walk follows."""
     return tuple(cited[-limit:])
 
 
@@ -363,6 +363,7 @@ def _belief_event(request, belief, vector, question, view, reasoner, config) -> 
     return ReflectionCreated(
         event_id=f"created:{belief.reflection_id}", user_id=user, reflection_id=belief.reflection_id,
         cycle_id=cycle, text=belief.text[:16000], evidence_ids=kept_evidence(evidence_ids, config.max_evidence),
+        lineage_ids=evidence_ids if len(evidence_ids) > config.max_evidence else None,
         depth=belief.depth, importance=belief.importance, confidence=confidence(len(evidence_ids)),
         support=len(evidence_ids), reasoner=reasoner.name, prompt_version=reasoner.prompt_version,
         question=question[:2000], supported_at=latest(*(c.occurred_at for c in belief.evidence)),

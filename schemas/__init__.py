@@ -137,6 +137,7 @@ class ReflectionCreated(Event):
     support: int | None = None  # distinct evidence ever cited (evidence_ids keeps a bounded part)
     supersedes: str | None = None  # a challenge's successor: the belief it replaces
     supported_at: str | None = None  # valid time of its newest evidence
+    lineage_ids: tuple[str, ...] | None = None  # every record cited, when evidence_ids shows fewer
 
 
 @dataclass(frozen=True, kw_only=True)

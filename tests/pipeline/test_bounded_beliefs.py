@@ -211,3 +211,44 @@ def test_the_invalidator_state_stays_bounded_over_many_retractions_and_decides_a
     assert "a" not in state["gone"]
     assert retract("b") == {"w": "invalid"}  # a still counts as lost: only c survives
     assert retract("a") == {} and retract("x0") == {}  # redelivered long after: decided already
+
+
+def test_a_retraction_of_evidence_a_full_list_no_longer_shows_still_reaches_the_belief(view):
+    """A belief shows its 32 newest pieces of evidence; its lineage keeps
+    every one, created with more than 32 or reinforced past 32, and the walk
+    follows it: an erasure of the oldest invalidates the belief, a plain
+    retraction weakens it by its share of the lineage."""
+    embedder = HashingEmbedder()
+    episodes, beliefs = EpisodeProjector(view, embedder), ReflectionProjector(view, embedder)
+    config, reasoner, text = CycleConfig(), OfflineReasoner(), "ann reverts what touches auth"
+    vector = embedder.embed([text])[0]
+    episodes.apply([EpisodeRecorded(user_id="ann", episode_id=f"ep-{i}", text=f"auth broke {i}", importance=0.6)
+                    for i in range(80)])
+    request = ReflectionRequested(user_id="ann", cycle_id="ann:1", why="threshold")
+    wide = _belief_event(request, Belief("wide", text, tuple(candidate(f"ep-{i}") for i in range(40)), 1, 0.6),
+                         vector, "q", view, reasoner, config)
+    assert len(wide.evidence_ids) == config.max_evidence and len(wide.lineage_ids) == 40
+    assert decode(wide.encode()) == wide
+    beliefs.apply([wide])
+    for i in range(40, 48):  # reinforced past what it shows: ep-0 … ep-15 are no longer shown
+        again = Belief(f"again-{i}", text, (candidate(f"ep-{i - 1}"), candidate(f"ep-{i}")), 1, 0.6)
+        beliefs.apply([_belief_event(ReflectionRequested(user_id="ann", cycle_id=f"ann:{i}", why="threshold"),
+                                     again, vector, "q", view, reasoner, config)])
+    shown = payload_of_belief(view, wide.reflection_id)
+    assert "ep-0" not in shown["evidence_ids"] and "ep-14" not in shown["evidence_ids"]
+    assert len(shown["lineage_ids"]) == 48
+
+    invalidator, state = Invalidator(view, citation_floor=2, max_depth=2), empty_state()
+    [weakened] = [e for e in invalidator.on_retracted(EpisodeRetracted(user_id="ann", episode_id="ep-14"), state)[0]
+                  if isinstance(e, ReflectionInvalidated)]
+    assert weakened.status == "weakened" and weakened.confidence == round(shown["confidence"] * 47 / 48, 6)
+    beliefs.apply([weakened])
+    erased = [e for e in invalidator.on_retracted(EpisodeRetracted(user_id="ann", episode_id="ep-0",
+                                                                  reason="erasure"), state)[0]
+              if isinstance(e, ReflectionInvalidated)]
+    assert [(e.reflection_id, e.status, e.erased) for e in erased] == [(wide.reflection_id, "invalid", True)]
+
+
+def payload_of_belief(view, rid: str) -> dict:
+    pid = point_id("reflection", "ann", rid)
+    return view.get([pid])[pid]
