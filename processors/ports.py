@@ -33,6 +33,8 @@ LEXICAL = "bm25"  # sparse BM25 terms of the point's text
 # provenance index (a belief matches each id it has ever cited), and
 # evidence_ids that of views projected before lineage was kept.
 INDEXED = ("user_id", "kind", "status", "evidence_ids", "lineage_ids")
+NO_USER = "\x00watermarks"  # the user id of the view's own records: no event can carry it, no read meets it
+MAX_USERS = 1_000_000  # users one view lists at most (a worker's share of them)
 TIMED = "occurred_at"  # datetime index: a cycle searches what was true by its time
 # An episode's place in its user's stream (its offset in the episodes topic,
 # where all of a user's events are on one partition, in order): a cycle reads
@@ -155,6 +157,14 @@ class VectorStore(Protocol):
         whatever the storage layout (the reflector's evidence step)."""
 
     def scroll(self, user_id: str, **match: str) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+    def users(self) -> list[str]:
+        """Every user the view holds a point of (the engine's facet on user_id)."""
+        ...
+
+    def forget(self, user_ids: Sequence[str]) -> None:
+        """Every point of these users gone, vectors, payloads and all."""
+        ...
 
     def flush(self) -> None: ...
 

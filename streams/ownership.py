@@ -21,29 +21,39 @@ beliefs now in its view, and runs no cycle twice. What the
 view holds is recorded per topic-partition as a watermark (`Watermarks`),
 advanced after each batch whose effects are in the view; a restart over the
 same data directory therefore replays nothing.
+
+A partition lost is released (`_release`): once the group names another
+owner and that owner answers /healthz ok (its view caught up), the
+partition's watermarks go back to 0 and its users' points leave this
+worker's view, so no copy of a user outlives the ownership (an erasure
+needs to reach only the owner's). Gained back before then, nothing is
+dropped; gained back after, the catch-up replays it from the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from processors.dlq import accept, carried
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from processors.ports import ViewPoint
+from processors.ports import NO_USER, ViewPoint
 from schemas import ContractError, ReflectionChallenged, ReflectionCycleCompleted
 from streams.security import client_options
 
 log = logging.getLogger("reflect")
 _PARTITIONER = DefaultPartitioner()
 BROKER_CALL_TIMEOUT = 15.0  # seconds a catch-up waits for the broker's answer to one call
+RELEASE_POLL = 2.0  # seconds between looks at whether a lost partition's new owner has caught up
 AUDITS = (ReflectionCycleCompleted, ReflectionChallenged)  # the last event a cycle (a challenge) publishes
 
 
@@ -63,7 +73,6 @@ def owner_in(distribution: Mapping[str, Mapping[str, Iterable[int]]], topic: str
 
 
 WATERMARKS = str(uuid.uuid5(uuid.NAMESPACE_URL, "urn:reflect:view-watermarks"))  # the point that holds them
-NO_USER = "\x00watermarks"  # a user id no event can carry: no read of a user meets the point
 
 
 class Watermarks:
@@ -103,6 +112,14 @@ class Watermarks:
     def forget(self, view: str) -> None:
         self._data.pop(view, None)  # its point goes with the view
 
+    def reset(self, view: str, partition: int) -> None:
+        """The view holds nothing of `partition` any more: a catch-up replays it from the start."""
+        held = self._held(view)
+        for key in [k for k in held if k.rpartition(":")[2] == str(partition)]:
+            del held[key]
+        self.view.upsert([ViewPoint(WATERMARKS, None, {"user_id": NO_USER, "kind": "watermarks",
+                                                      "offsets": dict(held)})])
+
     def _held(self, view: str) -> dict[str, int]:
         if view not in self._data:
             found = self.view.get([WATERMARKS]).get(WATERMARKS) if view == self.view.name else None
@@ -128,6 +145,8 @@ class Ownership:
         self.watermarks = Watermarks(runtime.view, settings.view_dir / "offsets.json") if self.local_view else None
         self.whole: dict[int, asyncio.Event] = {}  # partition → its view holds the log as it was gained
         self._catching: dict[int, asyncio.Task] = {}
+        self._releasing: dict[int, asyncio.Task] = {}  # partition lost → its release, under way
+        self._client_ssl = None  # made at the first release: it reads the cluster's CA file
         self.completed: dict[int, set[str]] = {}  # partition → cycle ids its log completed, as gained
         self.installed = False
 
@@ -152,6 +171,8 @@ class Ownership:
                 task.cancel()
             del self.whole[p]
             self.completed.pop(p, None)
+            if self.local_view and not self.runtime.settings.replay:
+                self._releasing[p] = asyncio.ensure_future(self._release(p))
         for p in partitions - set(self.whole):
             self.whole[p] = asyncio.Event()
             if self.local_view and not self.runtime.settings.replay:
@@ -207,6 +228,10 @@ class Ownership:
         """Transient failures are retried (and reported as a stalled stage);
         a deterministic one leaves the partition not whole — its reads 503 and
         /healthz names it — rather than answer from a view that lacks events."""
+        release = self._releasing.pop(p, None)
+        if release is not None:  # gained back: keep what the view holds; a drop under way ends first
+            release.cancel()
+            await asyncio.wait([release])
         try:
             await self.runtime.policy.until_done(f"catch-up[{p}]", lambda: self._replay(p))
         except Exception:
@@ -254,6 +279,63 @@ class Ownership:
                         asyncio.get_running_loop().time() - started)
         finally:
             await consumer.stop()
+
+    async def _release(self, p: int) -> None:
+        """Drop a lost partition's users from this worker's view once its new
+        owner has caught up; nothing if it comes back first."""
+        try:
+            owner = await self._caught_up_elsewhere(p)
+        except asyncio.CancelledError:
+            return  # gained back before: the view keeps it
+        drop = asyncio.ensure_future(self._drop(p, owner))
+        try:
+            await asyncio.shield(drop)
+        except asyncio.CancelledError:
+            await asyncio.wait([drop])  # begun: it ends, and a catch-up of p waits for it
+        finally:
+            if self._releasing.get(p) is asyncio.current_task():
+                del self._releasing[p]
+
+    async def _caught_up_elsewhere(self, p: int) -> str:
+        """The URL of the partition's new owner, once it answers /healthz ok:
+        its tables recovered and its view caught up (a remote state, looked at
+        every RELEASE_POLL seconds: nothing here is told when it changes)."""
+        from streams import forwarding
+
+        app, me = self.runtime.app, self.runtime.settings.canonical_url
+        if self._client_ssl is None:
+            self._client_ssl = forwarding.client_ssl(self.runtime.settings)
+        while True:
+            owner = owner_in(app.router.external_topics_metadata(), self.topics[0], p)
+            if owner is not None and owner.rstrip("/") != me.rstrip("/"):
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with app.http_client.get(f"{owner.rstrip('/')}/healthz", ssl=self._client_ssl,
+                                                   timeout=aiohttp.ClientTimeout(total=5)) as answer:
+                        if answer.status == 200:
+                            return owner
+            await asyncio.sleep(RELEASE_POLL)
+
+    async def _drop(self, p: int, owner: str) -> None:
+        view, partitions = self.runtime.view, self.runtime.settings.partitions
+
+        def drop() -> int:
+            # Watermarks first: a crash between the two leaves points a catch-up rewrites, never a
+            # watermark claiming points that are gone.
+            self.watermarks.reset(view.name, p)
+            users = [u for u in view.users() if partition_of(u, partitions) == p]
+            view.forget(users)
+            return len(users)
+
+        async with self.runtime.projection_lock:  # as the projectors: never beside a batch's writes
+            if p in self.whole:
+                return  # gained back meanwhile
+            try:
+                dropped = await self.runtime.policy.until_done(f"release[{p}]", lambda: asyncio.to_thread(drop))
+            except Exception:
+                log.exception("releasing partition %d failed: its users' points stay in this view", p)
+                return
+        log.info("partition %d released: %d user(s) left this worker's view, %s owns them and has caught up",
+                 p, dropped, owner)
 
     def _projectors(self, p: int):
         """Per topic: what projects its events, their types, and what notes each event read."""

@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from processors.ports import EmbedderMismatch, Scoring, ViewError, ViewPoint
+from processors.ports import NO_USER, EmbedderMismatch, Scoring, ViewError, ViewPoint
 from streams.adapters.view.edge import EdgeView
 from streams.adapters.view.qdrant import QdrantView
 
@@ -53,6 +53,16 @@ def test_upsert_get_count_scoped_to_user(make_view):
     assert view.count("alice", kind="episode", status="recorded") == 5
     got = view.get([pid(1), pid(2), pid(99)])
     assert set(got) == {pid(1), pid(2)} and got[pid(1)]["text"] == "text 1"
+
+
+def test_users_lists_who_the_view_holds_and_forget_takes_every_point_of_some(make_view):
+    view = make_view()
+    view.upsert([point(i, ("alice", "bob", "carol")[i % 3]) for i in range(12)])
+    view.upsert([ViewPoint(pid(99), None, {"user_id": NO_USER, "kind": "watermarks"})])  # the view's own record
+    assert view.users() == ["alice", "bob", "carol"]
+    view.forget(["alice", "carol", "nobody"])
+    assert view.users() == ["bob"] and view.count("alice") == view.count("carol") == 0 and view.count("bob") == 4
+    assert view.get([pid(0), pid(1), pid(99)]).keys() == {pid(1), pid(99)}
 
 
 def test_upsert_same_ids_twice_is_idempotent(make_view):

@@ -6,6 +6,8 @@ on real workers: tests/integration/test_workers.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 
 import orjson
 import pytest
@@ -16,8 +18,14 @@ from processors.reasoners import OfflineReasoner
 from streams.adapters.view.edge import EdgeView
 from streams.ownership import NO_USER, Watermarks, owner_in, partition_of
 from streams.topics import ensure_topics
+from streams.broker import free_port
+from support.harness import wait_for
 from support.memory_worker import memory_runtime
-from support.runs import episode_stream, make_settings, publish, users_by_partition
+from support.runs import (SHORT_GROUP_TIMEOUTS, Workers, episode_stream, kill, make_settings, publish,
+                          users_by_partition)
+
+PER_USER = 12
+RELEASED, CAUGHT_UP = re.compile(r"partition (\d+) released"), re.compile(r"caught up partition (\d+)")
 
 
 def test_the_owner_is_the_worker_assigned_the_partition_and_none_while_unassigned():
@@ -83,3 +91,42 @@ def test_a_partition_gained_is_caught_up_to_the_end_of_its_log_not_only_to_its_c
         assert len(list(view.scroll(user, kind="episode"))) == 12
     finally:
         view.close()
+
+
+@pytest.mark.integration
+def test_a_partition_lost_leaves_the_view_once_its_new_owner_has_caught_up_and_comes_back_whole(broker, tmp_path):
+    """Two workers with Edge views: the first held every user; once the second
+    has taken some partitions and caught up, the first worker's view holds
+    none of their users' points nor their watermarks. Gained back, they are
+    replayed from the start: every episode is served again."""
+    settings = make_settings(broker.url, tmp_path / "w0", threshold=1e9, qdrant_url=None, **SHORT_GROUP_TIMEOUTS)
+    users = users_by_partition(2, settings.partitions)
+    asyncio.run(ensure_topics(settings))
+    asyncio.run(publish(settings, episode_stream(users, PER_USER)))
+    workers = Workers(tmp_path)
+    try:
+        first = workers.start(settings)
+        wait_for(lambda: all(first.stats(u).get("episodes") == PER_USER for u in users), 120, "every episode in")
+        second = workers.start(dataclasses.replace(settings, web_port=free_port(), data_dir=str(tmp_path / "w1")))
+        def found(worker, pattern) -> set[int]:
+            return {int(n) for n in pattern.findall(worker.log_path.read_text(errors="replace"))}
+        released = wait_for(lambda: (lambda r: r if r and r == found(second, CAUGHT_UP) else None)(
+            found(first, RELEASED)), 120, "the first worker released every partition the second caught up")
+        kill(first)  # no leave-group: nothing else moves before its view is read
+        view = EdgeView(settings.view_dir, settings.view, HashingEmbedder().dim)
+        try:
+            held = {u: view.count(u) for u in users}
+            marks = Watermarks(view).of(settings.view)
+        finally:
+            view.close()
+        assert {u for u, n in held.items() if n} == {u for u in users
+                                                     if partition_of(u, settings.partitions) not in released}
+        assert not {tp.partition for tp in marks} & released
+        # The first worker back on its data directory, the second stopped: it owns every partition again.
+        first = workers.start(settings)
+        second.stop()
+        wait_for(lambda: all(first.get(f"/v1/users/{u}/episodes/{u}-{PER_USER - 1}") for u in users), 120,
+                 "every user's last episode served by the first worker again")
+        assert all(first.get(f"/v1/users/{u}/episodes/{u}-0") for u in users)
+    finally:
+        workers.stop_all()

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from processors.ports import (GONE, INDEXED, LEXICAL, POSITION, PREFETCH, TIMED, VECTOR, Hit, Scoring, ViewError,
-                              ViewPoint)
+from processors.ports import (GONE, INDEXED, LEXICAL, MAX_USERS, NO_USER, POSITION, PREFETCH, TIMED, VECTOR, Hit,
+                              Scoring, ViewError, ViewPoint)
 from streams.adapters.lexical import document_terms, query_terms
 from streams.adapters.view import REBUILD, check_embedder, floats, next_name
 
@@ -237,6 +237,17 @@ class EdgeView:
                 yield str(r.id), dict(r.payload)
             if offset is None:
                 return
+
+    def users(self) -> list[str]:
+        found = self._shard.facet(self._q.FacetRequest(key="user_id", limit=MAX_USERS, exact=True))
+        # Edge's exact facet still lists a deleted value, with a count of 0.
+        return sorted(str(h.value) for h in found.hits if h.count and h.value != NO_USER)
+
+    def forget(self, user_ids: Sequence[str]) -> None:
+        if user_ids:
+            q = self._q
+            self._shard.update(q.UpdateOperation.delete_points_by_filter(q.Filter(must=[
+                q.FieldCondition(key="user_id", match=q.MatchAny(any=list(user_ids)))])))
 
     def flush(self) -> None:
         self._shard.flush()

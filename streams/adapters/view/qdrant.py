@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator, Sequence
 
-from processors.ports import GONE, INDEXED, LEXICAL, POSITION, PREFETCH, TIMED, VECTOR, Hit, Scoring, ViewPoint
+from processors.ports import (GONE, INDEXED, LEXICAL, MAX_USERS, NO_USER, POSITION, PREFETCH, TIMED, VECTOR, Hit,
+                              Scoring, ViewPoint)
 from streams.adapters.lexical import document_terms, query_terms
 from streams.adapters.view import REBUILD, check_embedder, floats, next_name
 
@@ -125,6 +126,16 @@ class QdrantView:
             return {}
         found = self.client.retrieve(self.target, list(ids), with_payload=False, with_vectors=[VECTOR])
         return {str(r.id): list(r.vector[VECTOR]) for r in found if isinstance(r.vector, dict) and r.vector.get(VECTOR)}
+
+    def users(self) -> list[str]:
+        found = self.client.facet(self.target, key="user_id", limit=MAX_USERS, exact=True)
+        return sorted(str(h.value) for h in found.hits if h.count and h.value != NO_USER)
+
+    def forget(self, user_ids: Sequence[str]) -> None:
+        if user_ids:
+            m = self._m
+            self.client.delete(self.target, points_selector=m.FilterSelector(filter=m.Filter(must=[
+                m.FieldCondition(key="user_id", match=m.MatchAny(any=list(user_ids)))])))
 
     def count(self, user_id: str, **match: str) -> int:
         return self.client.count(self.target, count_filter=self._filter(user_id, match), exact=True).count

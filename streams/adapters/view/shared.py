@@ -39,7 +39,7 @@ class SharedView:
     wait for it and go to the new view.
     """
 
-    WRITES = frozenset({"upsert", "strip", "patch"})
+    WRITES = frozenset({"upsert", "strip", "patch", "forget"})
 
     def __init__(self, view: VectorStore) -> None:
         self._view = view
