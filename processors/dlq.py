@@ -3,9 +3,10 @@ Kafka Connect style error headers, so an operator can read why and replay."""
 
 from __future__ import annotations
 
-from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, Event, GateRequested,
-                     InvalidationRequested, ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted,
-                     ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, ReflectionStaled, decode)
+from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event,
+                     GateRequested, InvalidationRequested, ReflectionChallenged, ReflectionCreated,
+                     ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced, ReflectionRequested,
+                     ReflectionStaled, decode)
 
 
 # The event types each topic carries; anything else there is bad input.
@@ -13,7 +14,7 @@ from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, Episode
 # accumulator forwards it in stream order (processors/accumulator.py).
 ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested)
 ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted,
-                  ReflectionChallenged, ReflectionStaled)
+                  ReflectionChallenged, ReflectionStaled, ErasureCompleted)
 ON_REQUESTS = (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested)
 
 

@@ -45,8 +45,9 @@ from typing import Any
 from processors.ports import VectorStore
 from processors.projector import point_id
 from processors.provenance import Decision, decide, reach
-from schemas import (ChallengeRequested, EpisodeRetracted, Event, InvalidationRequested, ReflectionCreated,
-                     ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, now, parse_time)
+from schemas import (ChallengeRequested, EpisodeRetracted, ErasureCompleted, Event, InvalidationRequested,
+                     ReflectionCreated, ReflectionInvalidated, ReflectionReinforced, ReflectionRequested, now,
+                     parse_time)
 
 REVALIDATE = uuid.UUID("0b5c1f0e-7c1a-4f57-8d6e-2b9f3b1c8e44")
 FORWARD = uuid.UUID("5d0b8c3e-2f64-4c1e-9a57-3e8d1f6b0a29")
@@ -132,6 +133,11 @@ class Invalidator:
         out = self._decide(user, cause, seeds, state)
         state.update(bounded(state, self.max_gone))
         state.pop("pending", None)  # what state written before beliefs reached the view first held
+        if erasure:  # its proof, last: what the walk took the text of
+            out.append(ErasureCompleted(
+                event_id=f"erasure:{event.event_id}", user_id=user, erasure_id=event.event_id, episode_id=cause,
+                episodes=(cause,) if known else (), occurred_at=event.occurred_at,
+                beliefs=tuple(e.reflection_id for e in out if isinstance(e, ReflectionInvalidated))))
         return out, known or bool(seeds)
 
     def on_belief(self, event: ReflectionCreated | ReflectionReinforced, state: dict[str, Any]) -> list[Event]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from processors.ports import GONE, POSITION, Embedder, VectorStore, ViewPoint
-from schemas import (EpisodeRecorded, EpisodeRetracted, Event, ReflectionChallenged, ReflectionCreated,
-                     ReflectionInvalidated, ReflectionReinforced, ReflectionStaled)
+from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event, ReflectionChallenged,
+                     ReflectionCreated, ReflectionInvalidated, ReflectionReinforced, ReflectionStaled)
 
 POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
 EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
 REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged,
-                    ReflectionStaled)
+                    ReflectionStaled, ErasureCompleted)
 CHANGES = (ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged, ReflectionStaled)  # of a projected belief
 
 
@@ -271,6 +271,12 @@ def reflection_payload(event: ReflectionCreated) -> dict:
     }
 
 
+def erasure_payload(event: ErasureCompleted) -> dict:
+    return {"user_id": event.user_id, "kind": "erasure", "erasure_id": event.erasure_id,
+            "episode_id": event.episode_id, "episodes": list(event.episodes), "beliefs": list(event.beliefs),
+            "keys": list(event.keys), "occurred_at": event.occurred_at, "completed_at": event.recorded_at}
+
+
 def bounded_history(history: list[dict], live: int = LIVE_HISTORY) -> list[dict]:
     """A belief's history without its oldest reinforcements, in order. Kept:
     every entry that is not "live" (weakenings, the invalidation: few, and
@@ -368,7 +374,8 @@ def _logged(payload: dict, event: Event, at: str, status: str, confidence: float
 class ReflectionProjector:
     """ReflectionCreated → a point (kind=reflection); Reinforced → the evidence it
     keeps and its support; Invalidated → weakened, or invalid (and, after an
-    erasure, without text). Applying an event again changes nothing."""
+    erasure, without text); ErasureCompleted → its proof (kind=erasure).
+    Applying an event again changes nothing."""
 
     def __init__(self, view: VectorStore, embedder: Embedder) -> None:
         self.view = view
@@ -384,6 +391,10 @@ class ReflectionProjector:
             vectors = self.embedder.embed([e.text for e in fresh.values()])
             self.view.upsert([ViewPoint(pid, vec, reflection_payload(e))
                               for (pid, e), vec in zip(fresh.items(), vectors)])
+        proofs = [e for e in events if isinstance(e, ErasureCompleted)]
+        if proofs:  # no vector: found by id only (`reflect explain --erasure`), never by a search
+            self.view.upsert([ViewPoint(point_id("erasure", e.user_id, e.erasure_id), None, erasure_payload(e))
+                              for e in proofs])
         for e in events:
             if isinstance(e, CHANGES):
                 pid = point_id("reflection", e.user_id, e.reflection_id)

@@ -35,6 +35,7 @@ EVENT_TYPES = (
     "ReflectionStaled",
     "InvalidationRequested",
     "GateRequested",
+    "ErasureCompleted",
 )
 PAYLOAD = "(payload)"  # the field name used when the bytes themselves are wrong
 # Levels of objects and arrays in one event, the event object itself included.
@@ -260,6 +261,21 @@ class ReflectionStaled(Event):
     cause: str  # the episode that moved the stream past the horizon, or the revalidating cycle
 
 
+@dataclass(frozen=True, kw_only=True)
+class ErasureCompleted(Event):
+    """The proof of an erasure (an EpisodeRetracted with reason erasure),
+    published once its walk is done: what it took the text of — the episode,
+    if the view held it, and every belief invalidated for resting on it, at
+    any depth the walk reaches — and the data keys destroyed (none until
+    text on the log is encrypted). Ids only: it carries no text."""
+    TYPE: ClassVar[str] = "ErasureCompleted"
+    erasure_id: str  # the EpisodeRetracted's event id
+    episode_id: str
+    episodes: tuple[str, ...]  # episodes whose text and vector left the view
+    beliefs: tuple[str, ...]  # beliefs invalidated, their text and vector gone
+    keys: tuple[str, ...] = ()  # data keys destroyed
+
+
 RECORDS: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -275,6 +291,7 @@ RECORDS: dict[str, type[Event]] = {
         ReflectionStaled,
         InvalidationRequested,
         GateRequested,
+        ErasureCompleted,
     )
 }
 assert tuple(RECORDS) == EVENT_TYPES

@@ -78,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--episodes", type=int, default=2100, help="episodes in the history (default 2100)")
     explain = commands.add_parser("explain", help="show a belief's provenance down to the episodes, with statuses")
     explain.add_argument("--user", required=True)
-    explain.add_argument("--reflection-id", required=True)
+    shown = explain.add_mutually_exclusive_group(required=True)
+    shown.add_argument("--reflection-id", help="a belief, with its provenance")
+    shown.add_argument("--erasure", metavar="ID", help=(
+        "an erasure (its retraction's event id): the episodes and beliefs it took the text of, the keys destroyed"))
     explain.add_argument("--json", action="store_true", help="print the API's answer as JSON")
     rebuild = commands.add_parser("rebuild", help=(
         "replay episodes and reflections into a fresh view in the running worker, then swap it in"))

@@ -215,6 +215,10 @@ class _Api:
         """A belief in any status and its provenance down to the episodes."""
         return self._send(_Call("GET", _user(user, "reflections", reflection_id), Explanation.from_json))
 
+    def erasure(self, user: str, erasure_id: str) -> dict[str, Any]:
+        """The proof of a completed erasure: the episodes and beliefs it took the text of, the keys destroyed."""
+        return self._send(_Call("GET", _user(user, "erasures", erasure_id), dict))
+
     def episode(self, user: str, episode_id: str) -> dict[str, Any]:
         """An episode as projected into the view."""
         return self._send(_Call("GET", _user(user, "episodes", episode_id), dict))

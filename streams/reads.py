@@ -23,6 +23,14 @@ def render(node: dict[str, Any], indent: str = "") -> list[str]:
 
 
 def explain(client: ReflectClient, args) -> int:
+    if args.erasure:
+        proof = client.erasure(args.user, args.erasure)
+        print(json.dumps(proof, indent=2) if args.json else
+              f"erasure {proof['erasure_id']} of episode {proof['episode_id']}, completed {proof['completed_at']}\n"
+              f"  text gone from {len(proof['episodes'])} episode(s): {', '.join(proof['episodes']) or '-'}\n"
+              f"  beliefs invalidated, text gone: {len(proof['beliefs'])}: {', '.join(proof['beliefs']) or '-'}\n"
+              f"  keys destroyed: {len(proof['keys'])}: {', '.join(proof['keys']) or '-'}")
+        return 0
     found = client.explain(args.user, args.reflection_id)
     print(json.dumps(found.raw, indent=2) if args.json else "\n".join(render(found.provenance)))
     return 0

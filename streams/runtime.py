@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import faust
 
-from processors.dlq import dead_letter_headers
+from processors.dlq import ON_REFLECTIONS, dead_letter_headers
 from processors.guard import Breaker, Budget, Tally
 from processors.ports import Embedder, Reasoner, VectorStore
 from schemas import ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionRequested
@@ -82,7 +82,7 @@ class Outlets:
     def topic_of(self, event: Event):
         if isinstance(event, (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested)):
             return self.requests
-        return self.reflections if event.TYPE.startswith("Reflection") else self.episodes
+        return self.reflections if isinstance(event, ON_REFLECTIONS) else self.episodes
 
     async def publish(self, events: Iterable[Event]) -> None:
         """Send and wait for the broker's acknowledgement of every one: a batch

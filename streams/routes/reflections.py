@@ -1,6 +1,6 @@
 """Explain a belief: it (any status) with its provenance tree down to the
 episodes, and, where a challenge changed it, the chain: belief → challenger
-episodes → successor (or the belief it superseded)."""
+episodes → successor (or the belief it superseded). And an erasure's proof."""
 
 from __future__ import annotations
 
@@ -40,4 +40,18 @@ class Explain(View):
         return self.json({"user_id": user_id, **found})
 
 
-PAGES = {"/v1/users/{user_id}/reflections/{reflection_id}": Explain}
+class Erasure(View):
+    @answers_json
+    @owned(tables=False)
+    async def get(self, request: Request, user_id: str, erasure_id: str) -> Response:
+        """The proof of an erasure (ErasureCompleted): what it took the text of, ids only."""
+        pid = point_id("erasure", user_id, erasure_id)
+        found = (await asyncio.to_thread(context(self).view.get, [pid])).get(pid)
+        if found is None or found.get("user_id") != user_id:
+            raise ApiError(404, "not_found", f"user {user_id} has no completed erasure {erasure_id} (an erasure "
+                                             "completes once its walk is done)", "erasure_id")
+        return self.json({k: v for k, v in found.items() if k != "kind"})
+
+
+PAGES = {"/v1/users/{user_id}/reflections/{reflection_id}": Explain,
+         "/v1/users/{user_id}/erasures/{erasure_id}": Erasure}

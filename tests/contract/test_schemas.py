@@ -49,6 +49,8 @@ EXAMPLES = [
                                   sequence=5, position=311),
     schemas.GateRequested(user_id="alice", episodes=({"id": "ep-8", "occurred_at": T, "position": 312},),
                           recent=({"id": "ep-7", "occurred_at": T, "kind": "episode"},), sequence=6, position=312),
+    schemas.ErasureCompleted(user_id="alice", erasure_id="ev-12", episode_id="ep-3", episodes=("ep-3",),
+                             beliefs=("r-1", "r-2")),
 ]
 
 

@@ -285,6 +285,10 @@ def test_every_read_and_every_citation_stays_within_its_user(settings, worker):
             expected_points.update({point_id("episode", u, eid): (u, "episode", eid) for eid in exp.texts[u]})
             expected_points.update({point_id("reflection", u, rid): (u, "reflection", rid) for rid in exp.created[u]})
             for pid, p in view.scroll(u):
+                if p["kind"] == "erasure":  # an erasure's proof: of the user's own retraction, under its own id
+                    assert p["episode_id"] in exp.retracted[u] and pid == point_id("erasure", u, p["erasure_id"]), p
+                    expected_points[pid] = (u, "erasure", p["episode_id"])
+                    continue
                 assert expected_points.get(pid) == (u, p["kind"], p.get("episode_id") or p["reflection_id"]), p
         every, offset = {}, None
         while True:  # every point, no filter: nothing else is there but the watermarks

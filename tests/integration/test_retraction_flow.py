@@ -5,6 +5,8 @@ them (so the graph is known), then retractions."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import urllib.parse
 from dataclasses import replace
 
@@ -34,10 +36,10 @@ async def publish_rounds(settings, episodes, beliefs):
             await p.publish(belief, topic=settings.topic_reflections)
 
 
-async def _retract(settings, *retractions):
+async def _retract(settings, *retractions) -> list[str]:
+    """Their event ids (an erasure's names its proof)."""
     async with Publisher(settings) as p:
-        for user, eid, reason in retractions:
-            await p.retract_episode(user, eid, reason)
+        return [(await p.retract_episode(user, eid, reason)).event_id for user, eid, reason in retractions]
 
 
 async def _events(settings, topic, until, timeout=30.0):
@@ -126,8 +128,21 @@ def test_as_of_and_erasure(stack):
                   created("eve", "eve-top", ["eve-b1", "eve-b"], depth=2)]))
     wait_for(lambda: explain(w, "eve", "eve-top").get("belief"), 30, "beliefs projected")
     before = urllib.parse.quote(now())
-    run(_retract(s, ("eve", "eve-a", "erasure")))
+    [erasure] = run(_retract(s, ("eve", "eve-a", "erasure")))
     wait_for(lambda: explain(w, "eve", "eve-top")["belief"]["status"] == "invalid", 30, "eve-top invalid")
+    # Its proof: on the log, and served (`reflect explain --erasure`), ids only.
+    proof = wait_for(lambda: (lambda got: got if "erasure_id" in got else None)(
+        w.get(f"/v1/users/eve/erasures/{erasure}")), 30, "the erasure's proof projected")
+    assert (proof["episode_id"], proof["episodes"], sorted(proof["beliefs"]), proof["keys"]) == (
+        "eve-a", ["eve-a"], ["eve-b1", "eve-top"], [])
+    [logged] = [e for e in run(_events(s, s.topic_reflections, lambda seen: any(
+        e["type"] == "ErasureCompleted" for e in seen))) if e["type"] == "ErasureCompleted"]
+    assert logged["erasure_id"] == erasure and sorted(logged["beliefs"]) == ["eve-b1", "eve-top"]
+    shown = subprocess.run([sys.executable, "-m", "streams.cli", "explain", "--user", "eve", "--erasure", erasure,
+                            "--api", w.client.api], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "beliefs invalidated, text gone: 2: eve-b1, eve-top" in shown.stdout, shown
+    assert w.get("/v1/users/eve/erasures/no-such-erasure")["status"] == 404
+    assert w.get(f"/v1/users/gil/erasures/{erasure}")["status"] == 404  # another user's: not found
 
     held = w.get(f"/v1/users/eve/beliefs?as_of={before}")["beliefs"]
     assert {b["reflection_id"]: b["status"] for b in held} == {"eve-b1": "live", "eve-top": "live"}  # held then

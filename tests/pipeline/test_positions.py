@@ -101,8 +101,11 @@ def test_late_episodes_never_wait_and_give_the_same_beliefs_whatever_the_reasone
     behind, started, later = run(tmp_path / "behind", events, batch=256, worker_class=BehindReasoner)
 
     for points in (eager, later):  # the erasures' walks took the text, whenever they ran
-        erased = [p for u in USERS for p in points[u].values() if p.get("episode_id") == f"{u}-12"]
+        erased = [p for u in USERS for p in points[u].values() if p.get("episode_id") == f"{u}-12"
+                  and p["kind"] == "episode"]
         assert len(erased) == len(USERS) and not any("text" in p for p in erased)
+        proofs = [p for u in USERS for p in points[u].values() if p["kind"] == "erasure"]
+        assert sorted(p["episode_id"] for p in proofs) == sorted(f"{u}-12" for u in USERS)
     assert behind.cycles_when_ingested == 0
     assert behind.ingested - started < WAIT / 3, "ingest waited for the reasoner"
     beliefs = beliefs_of(eager)
