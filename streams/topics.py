@@ -100,6 +100,23 @@ async def ensure_topics(settings: Settings) -> dict[str, str]:
         return outcome
 
 
+async def ensure_key_topic(settings: Settings, name: str) -> str:
+    """The key topic of crypto-shredding (streams/keys.py): compacted, so a
+    destroyed key's record leaves the log once its tombstone is compacted
+    (`delete.retention.ms`: a day), and kept forever otherwise."""
+    configs = {"cleanup.policy": "compact", "retention.ms": "-1", "delete.retention.ms": str(24 * 3600 * 1000),
+               "min.insync.replicas": str(settings.min_insync_replicas)}
+    async with _admin(settings) as admin:
+        if name in await _shapes(admin):
+            return "exists"
+        try:
+            await admin.create_topics([NewTopic(name, settings.partitions, settings.replication_factor,
+                                                topic_configs=configs)])
+        except TopicAlreadyExistsError:
+            return "exists"
+        return "created"
+
+
 def existing(name: str, partitions: int, replication: int, settings: Settings) -> str:
     """The outcome for a topic that is already there with this shape.
 
