@@ -252,6 +252,7 @@ class Replays:
             process = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], env=side.child_env(),
                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         replay = self.running[spec.name] = Replay(folder, process)
+        replay.update(pid=process.pid)
         replay.watch = asyncio.ensure_future(self.follow(spec.name, side))
         log.info("replay %s started: %d episode(s) of %d user(s), %d cycle(s) expected, side worker pid %d",
                  spec.name, planned.episodes, len(planned.users), planned.cycles, replay.process.pid)
@@ -265,6 +266,7 @@ class Replays:
         # One consumer for the whole replay: one made at each look cost the live worker's loop a
         # bootstrap and its connections every half second, which its reads waited behind.
         commits = AIOKafkaConsumer(**client_options(side), group_id=side.app_id, enable_auto_commit=False)
+        last, moved = None, time.monotonic()
         try:
             await commits.start()
             while True:
@@ -275,6 +277,12 @@ class Replays:
                 replay.update(progress=progress, seconds=round(time.monotonic() - started, 1))
                 if progress["done"]:
                     break
+                if progress != last:
+                    last, moved = progress, time.monotonic()
+                elif time.monotonic() - moved > self.settings.replay_stall:
+                    raise RuntimeError(f"no progress for {self.settings.replay_stall:.0f} s "
+                                       f"(REFLECT_REPLAY_STALL): the side worker is stuck (its log: "
+                                       f"{replay.folder / 'worker.log'})")
                 await asyncio.sleep(0.5)  # the interval of a progress display, not a synchronization
             await stopped(replay.process)
             replay.update(state="done")
@@ -388,6 +396,7 @@ async def stopped(process: subprocess.Popen) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGCONT)  # a stopped one acts on it too
     try:
         await asyncio.wait_for(asyncio.to_thread(process.wait), STOP_WAIT)
     except asyncio.TimeoutError:

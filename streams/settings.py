@@ -438,6 +438,9 @@ SPECS: tuple[Spec, ...] = (
          "Set by `reflect replay` on the side worker it starts, never by hand: the replay's name. That worker "
          "reads `episodes` as the replay's spec (data_dir/replay.json) says, takes no writes, and publishes "
          "only to the replay's own topics."),
+    Spec("replay_stall", "REFLECT_REPLAY_STALL", "900", _positive_float,
+         "Seconds a replay may go without progress (its side worker's commits unchanged) before it is marked "
+         "failed and its side worker stopped, so a hung one does not hold the one replay slot for good."),
 )
 
 
@@ -605,6 +608,7 @@ class Settings:
     max_depth: int
     citation_floor: int
     replay: str | None
+    replay_stall: float
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":

@@ -6,6 +6,8 @@ in-process; the side worker on the real broker."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -298,3 +300,24 @@ def test_a_replay_under_another_prompt_promoted_is_what_the_live_view_shows(sett
         assert client.promote_replay("terse")["published"] == 0  # nothing left to publish
     finally:
         api.close()
+
+
+@pytest.mark.integration
+def test_a_replay_whose_side_worker_hangs_fails_and_frees_its_slot(settings, worker):
+    """A side worker that makes no progress for REFLECT_REPLAY_STALL seconds
+    (here stopped with SIGSTOP) is stopped and its replay marked failed,
+    naming the setting; the next replay may start."""
+    logged(settings, episode_stream(["ana"], 12))
+    w = worker(dataclasses.replace(settings, replay_stall=15.0))
+    wait_for(lambda: w.stats("ana").get("episodes") == 12, 60, "every episode in")
+    client = w.client
+    pid = client.start_replay("hung")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: client.replay("hung")["state"] != "running", 90, "the hung replay given up")
+    hung = client.replay("hung")
+    assert hung["state"] == "failed" and "REFLECT_REPLAY_STALL" in hung["error"], hung
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z",
+             30, "the side worker gone")
+    client.drop_replay("hung")
+    client.start_replay("next")
+    replayed(client, "next")
