@@ -3,6 +3,8 @@ Kafka Connect style error headers, so an operator can read why and replay."""
 
 from __future__ import annotations
 
+import re
+
 from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event,
                      GateRequested, InvalidationRequested, ReflectionChallenged, ReflectionCreated,
                      ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced, ReflectionRequested,
@@ -39,6 +41,24 @@ def accept(message, carries: dict[str, tuple[type, ...]]) -> Event:
     return record
 
 
+_GOT = re.compile(r" \(got .*\)$", re.S)
+
+
+def said(error: BaseException) -> str:
+    """An error's message as a log or a dead letter's header may show it: a
+    contract error's without the value it quotes (that may be a piece of an
+    episode's text, which an erasure must reach), others cut short."""
+    if isinstance(error, ContractError):
+        return f"{error.field}: {_GOT.sub('', error.reason)}"
+    text = str(error)
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
+def redacted(error: BaseException) -> str:
+    """The error for a log line: its kind, then what `said` shows."""
+    return said(error) if isinstance(error, ContractError) else f"{type(error).__name__}: {said(error)}"
+
+
 def dead_letter_headers(topic: str, partition: int, offset: int, error: Exception,
                         stage: str) -> list[tuple[str, bytes]]:
     field = error.field if isinstance(error, ContractError) else ""
@@ -48,7 +68,7 @@ def dead_letter_headers(topic: str, partition: int, offset: int, error: Exceptio
         "__connect.errors.offset": str(offset),
         "__connect.errors.stage": stage,
         "__connect.errors.exception.class.name": type(error).__name__,
-        "__connect.errors.exception.message": str(error)[:1000],
+        "__connect.errors.exception.message": said(error),
         "reflect.errors.field": field,
     }
     return [(k, v.encode("utf-8", "replace")) for k, v in headers.items()]

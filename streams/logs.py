@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import logging
 import logging.config
-import re
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
-from schemas import ContractError
 from streams.settings import Settings
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
@@ -82,13 +80,4 @@ def worker_options(settings: Settings) -> dict[str, Any]:
     return {"loglevel": settings.log_level, "logging_config": logging_config(settings), "quiet": True}
 
 
-_GOT = re.compile(r" \(got .*\)$", re.S)
 
-
-def redacted(error: BaseException) -> str:
-    """An error as a log may show it: a contract error without the value it
-    quotes (that may be a piece of an episode's text), others cut short."""
-    if isinstance(error, ContractError):
-        return f"{error.field}: {_GOT.sub('', error.reason)}"
-    text = f"{type(error).__name__}: {error}"
-    return text if len(text) <= 500 else text[:500] + "…"

@@ -13,12 +13,11 @@ from typing import Any, Iterable
 
 import faust
 
-from processors.dlq import ON_REFLECTIONS, dead_letter_headers
+from processors.dlq import ON_REFLECTIONS, dead_letter_headers, redacted
 from processors.guard import Breaker, Budget, Tally
 from processors.ports import Embedder, Reasoner, VectorStore
 from schemas import ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionRequested
 from streams import metrics
-from streams.logs import redacted
 from streams.ownership import Ownership
 from streams.pipeline.policy import Backoff, Health, Policy
 from streams.rebuild import Rebuilding

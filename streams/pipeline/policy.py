@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from streams.adapters.failures import transient
 from streams import metrics
-from streams.logs import redacted
+from processors.dlq import redacted
 
 log = logging.getLogger("reflect")
 

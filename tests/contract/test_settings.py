@@ -215,7 +215,8 @@ def test_json_log_lines_carry_context_and_no_quoted_values():
     import logging
 
     from schemas import ContractError
-    from streams.logs import JsonFormatter, redacted
+    from processors.dlq import redacted
+    from streams.logs import JsonFormatter
 
     record = logging.LogRecord("reflect", logging.WARNING, __file__, 1, "dead-lettered %s@%s", ("episodes", 7), None)
     record.__dict__.update(topic="episodes", offset=7, stage="decode")

@@ -44,6 +44,15 @@ def test_a_dead_letter_reads_its_source_and_stage_from_the_worker_s_headers():
                                "stage=decode ContractError: importance: must be at most 1")
 
 
+def test_a_dead_letters_headers_never_quote_the_records_text():
+    """What an erasure must reach is the record itself, not copies in its headers."""
+    quoting = ContractError("text", "must be at most 16000 characters (got 'SECRET-4242 sits in the payroll')")
+    headers = dict(dead_letter_headers("episodes", 1, 17, quoting, "decode"))
+    assert headers["__connect.errors.exception.message"] == b"text: must be at most 16000 characters"
+    long = dict(dead_letter_headers("episodes", 1, 17, RuntimeError("x" * 5000), "project"))
+    assert len(long["__connect.errors.exception.message"]) <= 504
+
+
 def test_rfc3339_times_need_an_offset():
     assert instant("2025-06-01T09:00:00Z") == datetime(2025, 6, 1, 9, tzinfo=timezone.utc)
     assert instant("2025-06-01T11:00:00+02:00") == datetime(2025, 6, 1, 9, tzinfo=timezone.utc)
