@@ -218,6 +218,8 @@ class Ownership:
             return
         offsets: dict[TopicPartition, int] = {}
         for e in events:
+            if self.installed and e.message.partition not in self.whole:
+                continue  # lost meanwhile: a release may have reset it, and a late batch must not claim it
             tp = TopicPartition(e.message.topic, e.message.partition)
             offsets[tp] = max(offsets.get(tp, 0), e.message.offset + 1)
         # A view write like the batch's own: a transient fault is retried, never a crash of the runner.
