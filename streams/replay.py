@@ -274,7 +274,9 @@ class Replays:
                     raise RuntimeError(f"the side worker exited with {replay.process.returncode} "
                                        f"(its log: {replay.folder / 'worker.log'})")
                 progress = await handled(commits, side, ends)
-                replay.update(progress=progress, seconds=round(time.monotonic() - started, 1))
+                # Off the loop: the live reads it serves meanwhile wait behind no file write.
+                await asyncio.to_thread(replay.update, progress=progress,
+                                        seconds=round(time.monotonic() - started, 1))
                 if progress["done"]:
                     break
                 if progress != last:
