@@ -145,13 +145,14 @@ class Invalidator:
         the view holds it now (its writer put it there first)."""
         rid, user = event.reflection_id, event.user_id
         decided = state["decided"].get(rid, {})
-        cited = (*event.evidence_ids, *(event.lineage_ids or () if isinstance(event, ReflectionCreated)
-                                        else event.added_evidence_ids))
+        more = (event.lineage_ids or ()) if isinstance(event, ReflectionCreated) else event.added_evidence_ids
+        cited = (*event.evidence_ids, *more)  # its lineage, as far as this event says
         lost = [e for e in dict.fromkeys(cited) if e in state["gone"] and e not in decided.get("lost", ())]
         if not lost or rid in state["gone"]:  # an invalid belief's id is in gone
             return []
         pid = point_id("reflection", user, rid)
-        held = self.view.get([pid]).get(pid) or {"evidence_ids": list(event.evidence_ids), "lineage_ids": list(cited),
+        held = self.view.get([pid]).get(pid) or {"evidence_ids": list(event.evidence_ids),
+                                                  "lineage_ids": list(dict.fromkeys(cited)),
                                                   "confidence": event.confidence, "depth": getattr(event, "depth", 1)}
         payload = {"status": "live", **held, "reflection_id": rid, **overlay(state, rid)}
         out = self._decide(user, lost[0], [(lost[0], payload)], state)

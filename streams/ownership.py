@@ -48,6 +48,7 @@ from processors.dlq import accept, carried
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
 from processors.ports import NO_USER, ViewPoint
 from schemas import ContractError, ReflectionChallenged, ReflectionCycleCompleted
+from streams import forwarding
 from streams.security import client_options
 
 log = logging.getLogger("reflect")
@@ -302,8 +303,6 @@ class Ownership:
         """The URL of the partition's new owner, once it answers /healthz ok:
         its tables recovered and its view caught up (a remote state, looked at
         every RELEASE_POLL seconds: nothing here is told when it changes)."""
-        from streams import forwarding
-
         app, me = self.runtime.app, self.runtime.settings.canonical_url
         if self._client_ssl is None:
             self._client_ssl = forwarding.client_ssl(self.runtime.settings)

@@ -101,8 +101,8 @@ def replay(client: ReflectClient, args) -> int:
         return 0
     if not args.name:
         raise RuntimeError("name the replay (reflect replay NAME), or --list, or --drop NAME")
-    spec = {"reasoner": args.reasoner, "prompt_version": args.prompt_version, "users": args.user, "without": args.without, "until": args.until,
-            "budget_tokens": args.budget_tokens}
+    spec = {"reasoner": args.reasoner, "prompt_version": args.prompt_version, "users": args.user,
+            "without": args.without, "until": args.until, "budget_tokens": args.budget_tokens}
     planned = client.start_replay(args.name, estimate_only=True, **spec)
     est, cost = planned["estimate"], planned["estimated_cost_usd"]
     print(f"replay {args.name}: {est['episodes']} episodes of {len(est['users'])} user(s), ~{est['cycles']} "

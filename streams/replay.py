@@ -241,8 +241,9 @@ class Replays:
         cost = self.cost(spec, planned.tokens)
         side = side_settings(self.settings, spec, free_port(), prompts and prompts["folder"])
         folder.mkdir(parents=True)
-        write_state(folder, {"spec": spec.to_dict(), "prompts": prompts, "ends": {str(p): e for p, e in ends.items()},
-                             "estimate": planned.to_dict(), "estimated_cost_usd": cost, "created": time.time(),
+        write_state(folder, {"spec": spec.to_dict(), "prompts": prompts,
+                             "ends": {str(p): e for p, e in ends.items()}, "estimate": planned.to_dict(),
+                             "estimated_cost_usd": cost, "created": time.time(),
                              "state": "running", "group": side.app_id,
                              "topics": [side.topic_requests, side.topic_reflections, side.dlq_episodes,
                                         side.dlq_reflections],
