@@ -48,7 +48,9 @@ class Gates:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "Gates":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in (data or {}).items() if k in known})
+        values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in (data or {}).items()
+                                  if k in known}
+        return cls(**values)
 
     def at(self, request: GateRequested) -> "Gates":
         """The state for judging `request`: resumed where it was, or from its start."""
@@ -86,7 +88,8 @@ def weigh(gates: Gates, user: str, todo: Sequence[Mapping[str, Any]], scores, qu
     them), and how many episodes were judged."""
     # An open challenge of a belief no longer live (superseded, invalid, stale) has nothing left to ask.
     gates = replace(gates, challenging=tuple(p for p in gates.challenging if p["id"] in quorums))
-    done, asked_now = 0, []
+    done = 0
+    asked_now: list[Event] = []
     while done < len(todo) and not asked_now:
         upto, stale, _ = first_stale(live, todo[done:], gates.stream_at, rules.horizon)
         upto = upto or len(todo) - done
@@ -94,7 +97,8 @@ def weigh(gates: Gates, user: str, todo: Sequence[Mapping[str, Any]], scores, qu
         if rules.contradiction:
             pending, used = gather(gates.challenging, todo[done:done + upto], scores[done:done + upto],
                                    rules.threshold, quorums)
-            gates, asked_now = asked(replace(gates, challenging=pending), user, rules.daily)
+            gates, challenges = asked(replace(gates, challenging=pending), user, rules.daily)
+            asked_now = list(challenges)
         gates = replace(gates, stream_at=latest(gates.stream_at, *(e["occurred_at"] for e in todo[done:done + used])))
         done += used
         if stale and used == upto:  # the stream passed their horizon at this episode

@@ -106,7 +106,7 @@ class Invalidator:
 
     def _dependents(self, user: str, state: dict[str, Any]):
         def of(record_id: str) -> list[dict[str, Any]]:
-            found = {}
+            found: dict[str, dict[str, Any]] = {}
             # Every belief that ever cited it (lineage), and those projected before lineage was kept.
             for field in ("lineage_ids", "evidence_ids"):
                 found |= {p["reflection_id"]: p for _, p in self.view.scroll(user, kind="reflection",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from processors.ports import GONE, POSITION, Embedder, VectorStore, ViewPoint
 from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event, ReflectionChallenged,
@@ -31,7 +31,8 @@ def point_id(kind: str, user_id: str, record_id: str) -> str:
     return str(uuid.uuid5(POINTS, f"{kind}:{user_id.replace(':', '%3A')}:{record_id}"))
 
 
-def episode_point(event: EpisodeRecorded | EpisodeRetracted) -> str:
+def episode_point(event: Any) -> str:
+    """The point of an episode event (EpisodeRecorded, EpisodeRetracted)."""
     return point_id("episode", event.user_id, event.episode_id)
 
 

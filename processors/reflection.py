@@ -92,7 +92,8 @@ def judge(user_id: str, cycle_id: str, insights: Sequence[Insight], evidence: Se
     """Step 4–5: remap local numbers 1..N to real ids, ignore numbers outside
     1..N (never guessed), drop what cites fewer than `citation_floor` valid items
     or would be deeper than `max_depth`."""
-    kept, dropped = [], []
+    kept: list[Belief] = []
+    dropped: list[tuple[str, str]] = []
     for insight in insights:
         cited = tuple(dict.fromkeys(evidence[n - 1] for n in insight.citations
                                     if isinstance(n, int) and 1 <= n <= len(evidence)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from processors.injection import instruction_cue
 from processors.ports import GONE, Embedder, Hit, Reasoner, Usage, VectorStore
@@ -91,7 +91,7 @@ def _candidates(view: VectorStore, user_id: str, questions: Sequence[str], vecto
     same top k the first run saw."""
     own = view.count(user_id, kind="reflection", cycle_id=cycle_id)
 
-    def search(n: int, **match: str) -> list[list[Hit]]:
+    def search(n: int, **match: Any) -> list[list[Hit]]:
         near = view.search_many(user_id, vectors, TIE_MARGIN * POOL * n, before=at, upto=upto, **match)
         pool = sorted({h.id for hits in near for h in top(hits, POOL * n)})
         if not pool:
@@ -283,7 +283,8 @@ def _insights(reasoner: Reasoner, asked, n: int):
     if getattr(reasoner, "batched", False) and asked:
         pool = list({c.id: c for _, evidence in asked for c in evidence}.values())
         number = {c.id: k for k, c in enumerate(pool, start=1)}
-        tagged, usage = reasoner.insights_for([q for q, _ in asked], [c.text for c in pool], n,
+        batching = cast(Any, reasoner)  # a reasoner that batches has insights_for (the port does not ask it)
+        tagged, usage = batching.insights_for([q for q, _ in asked], [c.text for c in pool], n,
                                               found=[[number[c.id] for c in evidence] for _, evidence in asked],
                                               **_dated(reasoner, pool))
         return [(q, pool, [i for k, i in tagged if k == index]) for index, (q, _) in enumerate(asked)], usage
@@ -292,7 +293,7 @@ def _insights(reasoner: Reasoner, asked, n: int):
         try:
             insights, used = reasoner.insights(question, [c.text for c in evidence], n, **_dated(reasoner, evidence))
         except Exception as exc:
-            exc.spent = usage  # the calls before this one were billed: the budget counts them
+            setattr(exc, "spent", usage)  # the calls before this one were billed: the budget counts them
             raise
         answers.append((question, evidence, insights))
         usage += used

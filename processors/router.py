@@ -23,8 +23,9 @@ UNSURE = 0.2  # |p(pattern) − 0.5| below this: answer both ways
 
 
 def labeled(path: Path = DATA) -> list[tuple[str, str]]:
-    return [tuple(line.rstrip("\n").split("\t")) for line in path.read_text().splitlines()
+    rows = [line.rstrip("\n").split("\t") for line in path.read_text().splitlines()
             if line and not line.startswith("#")]
+    return [(label, text) for label, text in rows]
 
 
 def cue_features(questions: Sequence[str]) -> np.ndarray:

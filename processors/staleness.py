@@ -94,7 +94,7 @@ def refreshed(held: Mapping[str, Any] | None, event: Event, horizon_days: float,
                              horizon_days=horizon_days, cause=cycle_id, occurred_at=event.occurred_at)]
 
 
-def held(view: VectorStore, event: Event) -> dict[str, Any] | None:
+def held(view: VectorStore, event: Any) -> dict[str, Any] | None:
     """The belief an event names, as the view holds it."""
     pid = point_id("reflection", event.user_id, event.reflection_id)
     return view.get([pid]).get(pid)

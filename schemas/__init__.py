@@ -389,7 +389,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def _too_deep(data: Any) -> str | None:
     """The top-level field holding a value nested past MAX_NESTING, if any
     (iterative: a recursive walk is what deep nesting would break)."""
-    stack = [(data, 1, None)]
+    stack: list[tuple[Any, int, Any]] = [(data, 1, None)]
     while stack:
         value, depth, top = stack.pop()
         if isinstance(value, (dict, list)):
@@ -441,7 +441,7 @@ def from_dict(data: Any) -> Event:
     kind = check(data)
     cls = RECORDS[kind]
     known = {f.name for f in fields(cls)}
-    values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in known}
+    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in known}
     return cls(**values)
 
 
