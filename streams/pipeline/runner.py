@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from processors.dlq import accept, carried
 from schemas import ContractError, Event
@@ -40,22 +40,28 @@ class Runner:
         """Batches handled one after the other, in order; while one is handled
         the next is read, decoded and prepared (`prepare`: work that depends on
         the batch alone, such as embedding its texts), so the cores do not sit
-        idle while a batch waits on the broker's acknowledgements."""
+        idle while a batch waits on the broker's acknowledgements. While the
+        batch in hand is still being prepared, what arrives meanwhile joins
+        the next batch (`Batches`), so that a backlog is prepared in a few
+        large batches, one after the other, rather than in many small ones
+        side by side; a lone event is never held back for company."""
         settings = self.runtime.settings
         self.topic = stream.channel.get_topic_name()
         batches = stream.noack_take(settings.projector_batch, within=settings.projector_within)
-        ahead = asyncio.ensure_future(self.read_ahead(batches))
+        reader = Batches(lambda: self.read(batches), settings.projector_batch)
+        ahead = asyncio.ensure_future(self.read_ahead(reader, None))
         try:
             while True:
                 try:
                     batch = await ahead
                 except StopAsyncIteration:
                     return
-                ahead = asyncio.ensure_future(self.read_ahead(batches))
+                ahead = asyncio.ensure_future(self.read_ahead(reader, batch[2]))
                 async with self.runtime.commits.holding():
                     await self.step(*batch)
         finally:
             ahead.cancel()  # a batch read ahead is not handled: it is read again from the last commit
+            reader.close()
 
     async def step(self, events, admitted, prepared) -> None:
         """One batch handled and reported durable, or given up.
@@ -89,9 +95,8 @@ class Runner:
         await runtime.app.producer.flush()  # the tables' changelog records, sent as they were written
         commits.handled(events)
 
-    async def read_ahead(self, batches):
-        while not (events := await self.read(batches)):
-            pass
+    async def read_ahead(self, reader: "Batches", busy: asyncio.Future | None):
+        events = await reader.next(busy)
         admitted = await self.admit(events)
         return events, admitted, asyncio.ensure_future(self.prepared(admitted))
 
@@ -142,3 +147,35 @@ class Runner:
     async def publish(self, events: list[Event]) -> None:
         if events:
             await self.runtime.policy.until_done("publish", lambda: self.runtime.outlets.publish(events))
+
+
+class Batches:
+    """The batches a runner handles, in the order read: each what `read`
+    gives (one of the stream's batches, never empty), joined by the ones
+    read while `busy` (the batch before, still being prepared) is not done,
+    up to `most` events; what a join takes beyond `most` opens the next
+    batch. A batch is handed out as soon as `busy` is done: one read in
+    flight then waits on for the batch after."""
+
+    def __init__(self, read: Callable[[], Awaitable[list]], most: int) -> None:
+        self.read, self.most = read, most
+        self.coming: asyncio.Future | None = None  # a read in flight, kept for the next batch
+        self.left: list = []  # read beyond `most`: the next batch's start
+
+    async def next(self, busy: asyncio.Future | None = None) -> list:
+        events, self.left = self.left, []
+        while len(events) < self.most and not (events and (busy is None or busy.done())):
+            if self.coming is None:
+                self.coming = asyncio.ensure_future(self.read())
+            await asyncio.wait({self.coming, busy} if events else {self.coming},
+                               return_when=asyncio.FIRST_COMPLETED)
+            if self.coming.done():
+                coming, self.coming = self.coming, None
+                events = events + coming.result()  # StopAsyncIteration: the stream has ended
+        events, self.left = events[:self.most], events[self.most:]
+        return events
+
+    def close(self) -> None:
+        """The read in flight cancelled: a run that stops reads nothing more."""
+        if self.coming is not None:
+            self.coming.cancel()
