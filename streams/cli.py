@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the result as one JSON document")
     demo.add_argument("--seed", type=int, default=7, help="seed of the sample history (default 7)")
     demo.add_argument("--episodes", type=int, default=2100, help="episodes in the history (default 2100)")
+    demo.add_argument("--timeout", type=float, default=None, help=(
+        "seconds the whole demo may take before it fails (default 170)"))
     explain = commands.add_parser("explain", help="show a belief's provenance down to the episodes, with statuses")
     explain.add_argument("--user", required=True)
     shown = explain.add_mutually_exclusive_group(required=True)
@@ -154,8 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     bench.add_argument("--only", default=None, help=(
         "comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval,public; opt-in, run only when named: "
-        "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference)"))
+        "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference), "
+        "beliefs (reflect demo --json over many seeds, scored)"))
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
+    bench.add_argument("--seeds", default=None, help=(
+        "beliefs: N report seeds (100, 101, …), a comma list, or dev (the development seeds 7, 8, 11, 12)"))
+    bench.add_argument("--stub", action="store_true", help="beliefs: the stub baseline on the same seeds too")
     settings = commands.add_parser("settings", parents=[_settings_flags(listed=True)], help=(
         "print the resolved settings, and what reflect up and reflect demo use where they differ"))
     settings.add_argument("--port", type=int, default=None, help="the --port reflect up would be given")
@@ -416,8 +422,8 @@ def _bench(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(suite.parent))
     import suite as bench_suite
 
-    forwarded = [flag for flag, on in (("--quick", args.quick), ("--json", args.json)) if on]
-    for flag, value in (("--only", args.only), ("--plots", args.plots)):
+    forwarded = [flag for flag, on in (("--quick", args.quick), ("--json", args.json), ("--stub", args.stub)) if on]
+    for flag, value in (("--only", args.only), ("--plots", args.plots), ("--seeds", args.seeds)):
         forwarded += [flag, value] if value else []
     return bench_suite.main(forwarded)
 

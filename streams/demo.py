@@ -111,7 +111,8 @@ async def _follow(settings: Settings, seen: Followed) -> None:
         await consumer.stop()
 
 
-async def _stream(settings: Settings, hist: History, api: ReflectClient, expected: int, deadline: float) -> Followed:
+async def _stream(settings: Settings, hist: History, api: ReflectClient, expected: int, deadline: float,
+                  timeout: float = TIMEOUT) -> Followed:
     from streams.producer import Publisher, make_episode
 
     seen = Followed()
@@ -137,7 +138,7 @@ async def _stream(settings: Settings, hist: History, api: ReflectClient, expecte
                         len(seen.cycles) + len(seen.challenged) >= asked:
                     return seen
             if time.monotonic() > deadline:
-                raise TimeoutError(f"demo not finished in {TIMEOUT:.0f} s: {stats}, "
+                raise TimeoutError(f"demo not finished in {timeout:.0f} s: {stats}, "
                                    f"{len(seen.cycles)}/{expected} cycles completed")
             await asyncio.sleep(0.2)
     finally:
@@ -163,7 +164,7 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
     from streams.broker import EmbeddedBroker, free_port
     from streams.stack import stack_settings
 
-    started = time.monotonic()
+    started, timeout = time.monotonic(), getattr(args, "timeout", None) or TIMEOUT
     args.port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REFLECT_BROKER"}
     settings = demo_budget(stack_settings(args, env=env)[0], args, env)
@@ -183,7 +184,7 @@ def run_demo(args: argparse.Namespace, hist: History) -> dict[str, Any]:
                   f"seed {args.seed}); reasoner {settings.reasoner}, embedder {settings.embedder}",
                   file=sys.stderr, flush=True)
             with ReflectClient(f"http://127.0.0.1:{args.port}") as api:
-                seen = asyncio.run(_stream(settings, hist, api, expected, started + TIMEOUT))
+                seen = asyncio.run(_stream(settings, hist, api, expected, started + timeout, timeout))
                 beliefs = api.beliefs(hist.user_id, limit=1000).raw["beliefs"]
         finally:
             child.send_signal(signal.SIGTERM)

@@ -14,7 +14,11 @@ and offline, and a fresh worker on the same log; tests/benchmarks/realtalk_impor
 minutes; quick: 2 conversations, full: all 10) and chaos (seeded kill -9,
 SIGTERM, joins and leaves among 2–3 workers under load, each run checked
 against an uninterrupted reference; tests/benchmarks/chaos.py; quick: 10 runs,
-full: 100, ~20 s a run). `--quick` runs smaller sizes
+full: 100, ~20 s a run) and beliefs (`reflect demo --json` on each of
+`--seeds` N report seeds or a list, found, precision, noise and duplicates
+per seed and their distribution, with `--stub` the stub baseline on the same
+seeds; tests/benchmarks/beliefs.py; quick: 4 seeds, full: 20, ~1 min a seed).
+`--quick` runs smaller sizes
 (under 5 minutes on 2 cores); the full run is what tests/benchmarks/README.md shows.
 """
 
@@ -52,8 +56,10 @@ SIZES = {
     "import": ({"conversations": 2}, {"conversations": 10}),
     # opt-in (--only chaos): runs of the chaos suite against one reference (~20 s a run)
     "chaos": ({"runs": 10}, {"runs": 100}),
+    # opt-in (--only beliefs): `reflect demo --json` per report seed, scored (~1 min a seed; --seeds N or a list)
+    "beliefs": ({"seeds": 4}, {"seeds": 20}),
 }
-OPT_IN = {"import", "chaos"}  # scenarios run only when --only names them
+OPT_IN = {"import", "chaos", "beliefs"}  # scenarios run only when --only names them
 
 
 def scenario(name: str, size: dict) -> dict:
@@ -92,6 +98,9 @@ def scenario(name: str, size: dict) -> dict:
     if name == "chaos":
         import chaos
         return chaos.measure(size["runs"])
+    if name == "beliefs":
+        import beliefs
+        return beliefs.measure(beliefs.seeds_of(size["seeds"]), stub=size.get("stub", False))
     raise ValueError(f"no scenario {name!r} (known: {', '.join(SIZES)})")
 
 
@@ -103,14 +112,14 @@ def machine() -> dict:
             "system": f"{platform.system()} {platform.release()}"}
 
 
-def run(quick: bool, only: list[str] | None = None) -> dict:
+def run(quick: bool, only: list[str] | None = None, overrides: dict | None = None) -> dict:
     doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": quick,
            "machine": machine(), "scenarios": {}}
     started = time.perf_counter()
     for name in only or [n for n in SIZES if n not in OPT_IN]:
         t = time.perf_counter()
         try:
-            result = scenario(name, SIZES[name][0 if quick else 1])
+            result = scenario(name, {**SIZES[name][0 if quick else 1], **(overrides or {}).get(name, {})})
         except Exception as exc:  # one broken scenario must not cost the others' figures
             traceback.print_exc()
             result = {"error": f"{type(exc).__name__}: {exc}", "figures": []}
@@ -175,13 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     parser.add_argument("--only", default=None, help=f"comma-separated scenarios of {','.join(SIZES)}")
     parser.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots (and bench.json) there")
+    parser.add_argument("--seeds", default=None, help="beliefs: N report seeds, a comma list, or dev")
+    parser.add_argument("--stub", action="store_true", help="beliefs: the stub baseline on the same seeds too")
     args = parser.parse_args(argv)
     only = args.only.split(",") if args.only else None
     for name in only or ():
         if name not in SIZES:
             parser.error(f"no scenario {name!r} (known: {', '.join(SIZES)})")
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        doc = run(args.quick, only)
+        beliefs = ({"seeds": args.seeds} if args.seeds else {}) | ({"stub": True} if args.stub else {})
+        doc = run(args.quick, only, {"beliefs": beliefs})
         if args.plots:
             for path in plot(doc, Path(args.plots)):
                 print(f"wrote {path}")

@@ -102,6 +102,36 @@ class OfflineModel:
                            cached=prefix if cached else 0, cache_write=0 if cached else prefix)
 
 
+class StubModel:
+    """A stub a score must tell from a result: asked for questions it asks the
+    given ones (the planted patterns' descriptions: evidence as good as it
+    gets); asked for insights it says one fixed sentence citing the first
+    eight statements found for each question. Its verdict is `unrelated`."""
+
+    SENTENCE = "The user keeps a steady working routine with the agent."
+
+    def __init__(self, questions: list[str]) -> None:
+        self.asked = list(questions)
+
+    def __call__(self, body: dict) -> tuple[int, dict]:
+        from streams.adapters.anthropic import found_of
+
+        tool, data = body["tool_choice"]["name"], body["messages"][0]["content"]
+        statements, questions = _numbered("statements", data), _numbered("questions", data)
+        if tool == "record_questions":
+            answer = {"questions": self.asked}
+        elif tool == "record_verdict":
+            answer = {"verdict": "unrelated", "citations": [], "statement": "", "reason": "stub"}
+        elif questions:
+            answer = {"insights": []}
+            for q, line in enumerate(questions, start=1):
+                found = found_of(line)[1] or list(range(1, len(statements) + 1))
+                answer["insights"].append({"question": q, "text": self.SENTENCE, "citations": found[:8]})
+        else:
+            answer = {"insights": [{"text": self.SENTENCE, "citations": list(range(1, min(8, len(statements)) + 1))}]}
+        return tool_answer(tool, answer, input_tokens=len(data) // 4, output_tokens=len(json.dumps(answer)) // 4)
+
+
 class MessagesServer:
     def __init__(self, answers, delay: float = 0.0) -> None:
         self.answers = answers if isinstance(answers, dict) or callable(answers) else list(answers)
