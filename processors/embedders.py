@@ -23,6 +23,7 @@ class HashingEmbedder:
     unlike Python's salted hash())."""
 
     name = "hashing"
+    batch_exact = True  # a text's vector is its own, whatever else is embedded with it
 
     def __init__(self, dim: int = 384) -> None:
         self.dim = dim

@@ -160,10 +160,12 @@ def place_words(statements: Sequence[str], vectors_of: Callable[[Sequence[str]],
     for i, core in enumerate(cores):
         for w in words(core):
             holding.setdefault(w, []).append(i)
-    out = set()
-    for w in sorted(w for w, held in holding.items()
-                    if len(held) >= df and w.isalpha() and w not in FUNCTION_WORDS):
-        vectors = vectors_of([without({w}, cores[i]) for i in holding[w][:PLACE_SAMPLE]])
+    tested = sorted(w for w, held in holding.items() if len(held) >= df and w.isalpha() and w not in FUNCTION_WORDS)
+    read = {w: [without({w}, cores[i]) for i in holding[w][:PLACE_SAMPLE]] for w in tested}
+    every = vectors_of([text for w in tested for text in read[w]])  # one call: the embedder batches them
+    out, start = set(), 0
+    for w in tested:
+        vectors, start = every[start:start + len(read[w])], start + len(read[w])
         if cohesion(list(range(len(vectors))), vectors @ vectors.T) < cut:
             out.add(w)
     return frozenset(out)

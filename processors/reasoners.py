@@ -48,19 +48,28 @@ class OfflineReasoner:
         self._lock = threading.Lock()
 
     def _vectors(self, statements: Sequence[str], places: frozenset[str] = frozenset()) -> np.ndarray:
-        """One text at a time, remembered: a text's vector never depends on the
-        batch it came in (padding changes the float rounding), so the grouping
-        is the same in every process and every replay. Place words are read
-        as gaps (extractive.place_words)."""
-        cores = [without(places, core_of(s)) for s in statements]
+        """Remembered, and the ones not yet known embedded in one call: a
+        text's vector must not depend on the batch it came in, or the grouping
+        would differ between processes and replays. MiniLM's does not (its
+        groups are padded with masked tokens: the same bits alone or in any
+        batch, tests/unit/test_minilm.py), and the call costs a third of
+        one text at a time (issue 34); an embedder whose vectors do depend on
+        the batch (`batch_exact` false) is still asked one text at a time.
+        Place words are read as gaps (extractive.place_words)."""
+        return self._texts_vectors([without(places, core_of(s)) for s in statements])
+
+    def _texts_vectors(self, cores: Sequence[str]) -> np.ndarray:
         with self._lock:
-            held = {}  # this call's vectors: an eviction below cannot take one it still needs
-            for text in dict.fromkeys(cores):
-                if text not in self._known:
-                    if len(self._known) >= MEMORY:
-                        self._known.pop(next(iter(self._known)))  # the oldest: a FIFO bound
-                    self._known[text] = self.embedder.embed([text])[0]
-                held[text] = self._known[text]
+            held = {t: self._known[t] for t in dict.fromkeys(cores) if t in self._known}
+            missing = [t for t in dict.fromkeys(cores) if t not in held]
+            if getattr(self.embedder, "batch_exact", False):
+                held.update(zip(missing, self.embedder.embed(missing)) if missing else ())
+            else:
+                held.update((t, self.embedder.embed([t])[0]) for t in missing)
+            for text in missing:  # held keeps this call's vectors: an eviction cannot take one it needs
+                if len(self._known) >= MEMORY:
+                    self._known.pop(next(iter(self._known)))  # the oldest: a FIFO bound
+                self._known[text] = held[text]
             return np.array([held[c] for c in cores], dtype=np.float32).reshape(len(cores), self.embedder.dim)
 
     def _places(self, statements: Sequence[str]) -> frozenset[str]:

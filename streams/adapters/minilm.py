@@ -96,6 +96,10 @@ def groups(tokens: Sequence[Sequence[int]], budget: int) -> list[list[int]]:
 
 class MiniLMEmbedder:
     name = "minilm"
+    # A text's vector is the same bits alone or in any group (padding is masked
+    # out of attention and pooling; tests/unit/test_minilm.py checks it), so a
+    # caller may embed many at once and remember each (processors/reasoners.py).
+    batch_exact = True
     dim = 384
 
     def __init__(self, group_tokens: int = _GROUP_TOKENS) -> None:

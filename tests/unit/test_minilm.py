@@ -32,6 +32,24 @@ def test_deterministic_and_independent_of_batching(embedder):
     assert np.allclose(a, small, atol=1e-3)
 
 
+def test_a_text_is_the_same_bits_alone_or_in_any_group(embedder):
+    """What `batch_exact` promises, and the offline reasoner relies on to embed
+    a call's texts at once (processors/reasoners.py): padding is masked, so a
+    vector never depends on what else was in its batch. Short and long texts,
+    and sentences with a word read as a gap, as the place-word test reads them."""
+    from processors.extractive import without
+    from streams.sample import history
+
+    assert MiniLMEmbedder.batch_exact
+    sample = [e.text for e in history(seed=8, episodes=120).episodes]
+    texts = [*sample, *(without({t.split()[1].lower()}, t) for t in sample[:40]),
+             *(f"{a} {b}" for a, b in zip(sample[:20], sample[60:80])), "ok"]
+    alone = np.array([embedder.embed([t])[0] for t in texts])
+    assert np.array_equal(alone, embedder.embed(texts))
+    assert np.array_equal(alone, MiniLMEmbedder(group_tokens=40).embed(texts))
+    assert np.array_equal(alone[::-1], embedder.embed(texts[::-1]))
+
+
 def test_groups_run_in_length_order_within_the_budget():
     tokens = [[1] * n for n in (30, 3, 200, 3, 40, 300, 10)]
     got = groups(tokens, budget=90)

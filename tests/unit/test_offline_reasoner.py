@@ -147,3 +147,38 @@ def test_the_vectors_of_one_call_survive_the_memory_bound(monkeypatch):
     first = reasoner._vectors(LUNCH)
     vectors = reasoner._vectors([LUNCH[0], *REVERTS])  # LUNCH[0] was known, then evicted by this very call
     assert np.array_equal(vectors[0], first[0]) and vectors.shape == (4, HashingEmbedder().dim)
+
+
+class Counted:
+    """An embedder that counts its calls; `batch_exact` false: its vectors may
+    depend on the batch, so the reasoner must ask it one text at a time."""
+
+    def __init__(self, inner, batch_exact: bool) -> None:
+        self.inner, self.name, self.dim, self.calls, self.batch_exact = inner, inner.name, inner.dim, [], batch_exact
+
+    def embed(self, texts):
+        self.calls.append(len(texts))
+        return self.inner.embed(texts)
+
+
+def test_a_call_embeds_what_it_does_not_know_at_once_and_decides_as_one_text_at_a_time():
+    """Issue 34, item 5: a cycle's cost was MiniLM run one text at a time, mostly
+    for the place-word test. A batch-exact embedder now gets each call's unknown
+    texts in one batch; the questions, places and insights are the same as one
+    at a time (tests/unit/test_minilm.py shows MiniLM's vectors are the same bits)."""
+    minilm = pytest.importorskip("streams.adapters.minilm").MiniLMEmbedder()
+    from streams.sample import history
+
+    hist = history(seed=8, episodes=300)
+    window = [e.text for e in hist.episodes[-45:]]
+    evidence = [e.text for e in hist.episodes if e.pattern][:16] + window[:8]
+    dates = [e.occurred_at for e in hist.episodes[:len(evidence)]]
+    said, batched, single = [], Counted(minilm, True), Counted(minilm, False)
+    for embedder in (batched, single):
+        reasoner = OfflineReasoner(embedder)
+        questions = reasoner.questions(window, importance=[0.5] * len(window))[0]
+        said.append((reasoner._places(window), reasoner._places(evidence), questions,
+                     [reasoner.insights(q, evidence, dates=dates)[0] for q in questions]))
+    assert said[0] == said[1] and said[0][0] and said[0][2]
+    assert set(single.calls) == {1} and sum(single.calls) == sum(batched.calls)  # the same texts, once each
+    assert max(batched.calls) > 100 and len(batched.calls) * 20 < len(single.calls)
