@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
         "beliefs (reflect demo --json over many seeds, scored)"))
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
     bench.add_argument("--seeds", default=None, help=(
-        "beliefs: N report seeds (100, 101, …), a comma list, or dev (the development seeds 7, 8, 11, 12)"))
+        "beliefs: N report seeds (100, 101, …), a comma list (7, for seed 7 alone), or dev (the development "
+        "seeds 7, 8, 11, 12)"))
     bench.add_argument("--stub", action="store_true", help="beliefs: the stub baseline on the same seeds too")
     settings = commands.add_parser("settings", parents=[_settings_flags(listed=True)], help=(
         "print the resolved settings, and what reflect up and reflect demo use where they differ"))

@@ -16,7 +16,7 @@ Seeds are split so the figures cannot be tuned to: `DEVELOPMENT` (7, 8, 11,
 12: the seeds the reasoner was built and is tuned on; 7 and 8 since issue 21,
 11 and 12 those issue 34 was filed from) and `REPORT` (100–119, never looked
 at while tuning). `--seeds N` takes the first N report seeds; a list takes
-those seeds. The baseline, in the same run with `--stub`: the same demo on
+those seeds (`7,`: seed 7 alone). The baseline, in the same run with `--stub`: the same demo on
 the Anthropic path against a stand-in Messages API server
 (tests/support/messages_api.py) answering as a stub — one fixed sentence
 citing the first eight statements found for each question, asked the planted
@@ -47,7 +47,8 @@ TIMEOUT = 900.0  # seconds a seed's demo may take (the gate on a loaded box: min
 
 
 def seeds_of(spec: str | int | None) -> list[int]:
-    """`20` → the first 20 report seeds; `7,8` → those; `dev` → the development seeds."""
+    """`20` → the first 20 report seeds (a lone number is a count); `7,8` → those, and `7,` seed 7
+    alone; `dev` → the development seeds."""
     if spec is None:
         return list(REPORT)
     if isinstance(spec, int) or str(spec).isdigit():
@@ -176,7 +177,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="20", help="N report seeds, a comma list, or dev (default 20)")
+    parser.add_argument("--seeds", default="20", help="N report seeds, a comma list (7, for one seed), or dev (default 20)")
     parser.add_argument("--stub", action="store_true", help="the stub baseline on the same seeds too")
     parser.add_argument("--reasoner", choices=("offline", "standin", "stub"), default="offline")
     parser.add_argument("--json", action="store_true")

@@ -47,6 +47,7 @@ def test_beliefs_scenario_keeps_its_report_seeds_apart_from_the_development_seed
 
     assert beliefs.seeds_of(20) == list(range(100, 120)) == beliefs.seeds_of("20") == beliefs.seeds_of(None)
     assert beliefs.seeds_of("dev") == [7, 8, 11, 12] and beliefs.seeds_of("7,8") == [7, 8]
+    assert beliefs.seeds_of("7,") == [7] and beliefs.seeds_of(7) == list(range(100, 107))  # a lone number counts
     assert not set(beliefs.DEVELOPMENT) & set(beliefs.REPORT)
     for wrong in (0, 21):
         with pytest.raises(ValueError):
