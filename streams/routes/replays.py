@@ -32,9 +32,12 @@ class Replays(View):
         replays = context(self).replays
         try:
             spec = ReplaySpec.from_dict(body)
-            prompts = replays.prompts(spec)
         except (ReplayError, TypeError) as exc:
             raise ApiError(422, "invalid", str(exc)) from None
+        try:
+            prompts = replays.prompts(spec)
+        except ReplayError as exc:  # a prompt set this worker does not have
+            raise refused(exc, 404) from None
         if only:
             ends, planned = await replays.plan(spec)
             return self.json({"spec": spec.to_dict(), "prompts": prompts, "estimate": planned.to_dict(),

@@ -280,7 +280,7 @@ def test_a_replay_under_another_prompt_promoted_is_what_the_live_view_shows(sett
         assert model.systems and not any(ONE_EACH in system for system in model.systems)
         with pytest.raises(ReflectApiError) as unknown:
             client.start_replay("nowhere", reasoner="anthropic", prompt_version="no-such-set")
-        assert unknown.value.status == 422 and PROMPT_VERSION in str(unknown.value) and "one-each" in str(unknown.value)
+        assert unknown.value.status == 404 and PROMPT_VERSION in str(unknown.value) and "one-each" in str(unknown.value)
 
         client.start_replay("terse", reasoner="anthropic", prompt_version="one-each")
         terse = replayed(client, "terse")
