@@ -363,8 +363,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("anthropic_model", "REFLECT_ANTHROPIC_MODEL", "claude-haiku-4-5", _model,
          "Model of the anthropic reasoner."),
     Spec("prompts", "REFLECT_PROMPTS", "", _optional,
-         "A folder holding the anthropic reasoner's prompts (challenge.md, insights.md, insights_batch.md, "
-         "questions.md); empty: the packaged ones. Beliefs carry the set's version, a hash of its files."),
+         "A folder holding the anthropic reasoner's prompts (the four files of streams/adapters/prompts/, "
+         "the same names); empty: the packaged ones. Beliefs carry the set's version, a hash of its files."),
     Spec("prompt_library", "REFLECT_PROMPT_LIBRARY", "", _optional,
          "A folder of prompt sets, one per subfolder, that `reflect replay --prompt-version` chooses from "
          "(by version or folder name, besides the packaged set and `prompts`); empty: data_dir/prompts."),
