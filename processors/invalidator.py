@@ -134,11 +134,18 @@ class Invalidator:
         state.update(bounded(state, self.max_gone))
         state.pop("pending", None)  # what state written before beliefs reached the view first held
         if erasure:  # its proof, last: what the walk took the text of
+            beliefs = tuple(e.reflection_id for e in out if isinstance(e, ReflectionInvalidated))
             out.append(ErasureCompleted(
                 event_id=f"erasure:{event.event_id}", user_id=user, erasure_id=event.event_id, episode_id=cause,
-                episodes=(cause,) if known else (), occurred_at=event.occurred_at,
-                beliefs=tuple(e.reflection_id for e in out if isinstance(e, ReflectionInvalidated))))
+                episodes=(cause,) if known else (), occurred_at=event.occurred_at, beliefs=beliefs,
+                cycles=self._readers(user, (cause, *beliefs))))
         return out, known or bool(seeds)
+
+    def _readers(self, user: str, records) -> tuple[str, ...]:
+        """The cycles that read any of `records` (their questions and notes derive from them)."""
+        return tuple(sorted({p["cycle_id"] for rid in records
+                             for _, p in self.view.scroll(user, kind="cycle", read_ids=rid)
+                             if p.get("user_id") == user}))
 
     def on_belief(self, event: ReflectionCreated | ReflectionReinforced, state: dict[str, Any]) -> list[Event]:
         """Decide a belief that reached the log citing what is already gone, as

@@ -31,8 +31,9 @@ VECTOR = "text"
 LEXICAL = "bm25"  # sparse BM25 terms of the point's text
 # Keyword indexes, created with the shard; lineage_ids is the reverse
 # provenance index (a belief matches each id it has ever cited), and
-# evidence_ids that of views projected before lineage was kept.
-INDEXED = ("user_id", "kind", "status", "evidence_ids", "lineage_ids")
+# evidence_ids that of views projected before lineage was kept; read_ids
+# that of cycles (a cycle matches each record it read).
+INDEXED = ("user_id", "kind", "status", "evidence_ids", "lineage_ids", "read_ids")
 NO_USER = "\x00watermarks"  # the user id of the view's own records: no event can carry it, no read meets it
 MAX_USERS = 1_000_000  # users one view lists at most (a worker's share of them)
 TIMED = "occurred_at"  # datetime index: a cycle searches what was true by its time

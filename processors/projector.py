@@ -15,12 +15,13 @@ from typing import Any, Callable, Sequence
 
 from processors.ports import GONE, POSITION, Embedder, VectorStore, ViewPoint
 from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event, ReflectionChallenged,
-                     ReflectionCreated, ReflectionInvalidated, ReflectionReinforced, ReflectionStaled)
+                     ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced,
+                     ReflectionStaled)
 
 POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
 EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
 REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged,
-                    ReflectionStaled, ErasureCompleted)
+                    ReflectionStaled, ErasureCompleted, ReflectionCycleCompleted)
 CHANGES = (ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged, ReflectionStaled)  # of a projected belief
 
 
@@ -275,7 +276,15 @@ def reflection_payload(event: ReflectionCreated) -> dict:
 def erasure_payload(event: ErasureCompleted) -> dict:
     return {"user_id": event.user_id, "kind": "erasure", "erasure_id": event.erasure_id,
             "episode_id": event.episode_id, "episodes": list(event.episodes), "beliefs": list(event.beliefs),
-            "keys": list(event.keys), "occurred_at": event.occurred_at, "completed_at": event.recorded_at}
+            "keys": list(event.keys), "cycles": list(event.cycles), "occurred_at": event.occurred_at,
+            "completed_at": event.recorded_at}
+
+
+def cycle_payload(event: ReflectionCycleCompleted) -> dict:
+    """A cycle as the view keeps it: what it read, by id (an erasure of any of
+    them finds the cycle, and destroys the key its texts are sealed under)."""
+    return {"user_id": event.user_id, "kind": "cycle", "cycle_id": event.cycle_id,
+            "read_ids": list(event.read_ids or ()), "occurred_at": event.occurred_at}
 
 
 def bounded_history(history: list[dict], live: int = LIVE_HISTORY) -> list[dict]:
@@ -375,7 +384,8 @@ def _logged(payload: dict, event: Event, at: str, status: str, confidence: float
 class ReflectionProjector:
     """ReflectionCreated → a point (kind=reflection); Reinforced → the evidence it
     keeps and its support; Invalidated → weakened, or invalid (and, after an
-    erasure, without text); ErasureCompleted → its proof (kind=erasure).
+    erasure, without text); ErasureCompleted → its proof (kind=erasure);
+    CycleCompleted → what the cycle read (kind=cycle).
     Applying an event again changes nothing."""
 
     def __init__(self, view: VectorStore, embedder: Embedder) -> None:
@@ -396,6 +406,10 @@ class ReflectionProjector:
         if proofs:  # no vector: found by id only (`reflect explain --erasure`), never by a search
             self.view.upsert([ViewPoint(point_id("erasure", e.user_id, e.erasure_id), None, erasure_payload(e))
                               for e in proofs])
+        cycles = [e for e in events if isinstance(e, ReflectionCycleCompleted) and e.read_ids]
+        if cycles:  # no vector either: found by what they read, by an erasure's walk
+            self.view.upsert([ViewPoint(point_id("cycle", e.user_id, e.cycle_id), None, cycle_payload(e))
+                              for e in cycles])
         for e in events:
             if isinstance(e, CHANGES):
                 pid = point_id("reflection", e.user_id, e.reflection_id)

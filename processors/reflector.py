@@ -182,7 +182,7 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
     at = request.occurred_at
     cycle_time = parse_time(at)
     user, cycle = request.user_id, request.cycle_id
-    usage, questions, out = Usage(), [], []
+    usage, questions, out, asked = Usage(), [], [], []
     kept = reinforced = 0
     drops: list[tuple[str, str]] = []  # (insight text, why): the audit event says why each was dropped
     made: list[tuple[str, Any]] = []  # (reflection id, text vector) emitted in this cycle
@@ -228,8 +228,9 @@ def run_cycle(request: ReflectionRequested, window: Sequence[dict[str, Any]], vi
         usage += getattr(exc, "spent", Usage())
         outcome = "unavailable" if getattr(exc, "unavailable", False) else "failed"
         error, out = f"{type(exc).__name__}: {exc}"[:2000], []
+    read = [r["id"] for r in window] + [c.id for _, evidence in asked for c in evidence]
     out.append(_completed(request, reasoner, outcome, error, usage, started, questions=questions,
-                          kept=kept, reinforced=reinforced, drops=drops))
+                          kept=kept, reinforced=reinforced, drops=drops, read=read))
     return out
 
 
@@ -251,10 +252,11 @@ def refused(request: ReflectionRequested, reasoner: Reasoner, reason: str) -> Re
 
 
 MAX_DROPS = 64  # reasons an audit event lists (its `dropped` counts them all)
+MAX_READ = 4096  # records an audit event names as read (a window and each question's evidence: far fewer)
 
 
 def _completed(request, reasoner, outcome, error, usage, started, questions=(), kept=0, reinforced=0,
-               drops=()) -> ReflectionCycleCompleted:
+               drops=(), read=()) -> ReflectionCycleCompleted:
     return ReflectionCycleCompleted(
         event_id=f"cycle:{request.cycle_id}", user_id=request.user_id, cycle_id=request.cycle_id,
         why=request.why, questions=tuple(q[:2000] for q in questions), kept=kept, reinforced=reinforced,
@@ -263,6 +265,7 @@ def _completed(request, reasoner, outcome, error, usage, started, questions=(), 
                     for text, why in drops[:MAX_DROPS]),
         duration_ms=round((time.perf_counter() - started) * 1000, 3), outcome=outcome,
         reasoner=reasoner.name, error=error, usage=usage.to_dict(),
+        read_ids=tuple(dict.fromkeys(read))[:MAX_READ] or None,  # what an erasure of any of them reaches
         occurred_at=request.occurred_at)  # the cycle's valid time, as its beliefs
 
 

@@ -91,14 +91,30 @@ class Event:
         return orjson.dumps(data)
 
 
+class SealedText:
+    """An event whose texts may travel sealed (streams/shredding.py): then
+    they are empty here and absent on the wire."""
+    TYPE: ClassVar[str]
+    sealed: dict[str, str] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()  # type: ignore[misc]
+        if self.sealed is not None:
+            for name in SEALED_FIELDS[self.TYPE]:
+                if not out.get(name):
+                    out.pop(name, None)
+        return out
+
+
 @dataclass(frozen=True, kw_only=True)
-class EpisodeRecorded(Event):
+class EpisodeRecorded(SealedText, Event):
     TYPE: ClassVar[str] = "EpisodeRecorded"
     episode_id: str = field(default_factory=new_id)
-    text: str
+    text: str = ""  # "" only while sealed
     importance: float
     source: str | None = None
     metadata: dict[str, Any] | None = None
+    sealed: dict[str, str] | None = None  # text, source and metadata under the episode's key: streams/shredding.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,11 +139,11 @@ class ReflectionRequested(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReflectionCreated(Event):
+class ReflectionCreated(SealedText, Event):
     TYPE: ClassVar[str] = "ReflectionCreated"
     reflection_id: str
     cycle_id: str
-    text: str
+    text: str = ""  # "" only while sealed
     evidence_ids: tuple[str, ...]
     depth: int
     importance: float
@@ -139,6 +155,7 @@ class ReflectionCreated(Event):
     supersedes: str | None = None  # a challenge's successor: the belief it replaces
     supported_at: str | None = None  # valid time of its newest evidence
     lineage_ids: tuple[str, ...] | None = None  # every record cited, when evidence_ids shows fewer
+    sealed: dict[str, str] | None = None  # text and question under the belief's key: streams/shredding.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,11 +186,11 @@ class ReflectionInvalidated(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReflectionCycleCompleted(Event):
+class ReflectionCycleCompleted(SealedText, Event):
     TYPE: ClassVar[str] = "ReflectionCycleCompleted"
     cycle_id: str
     why: str
-    questions: tuple[str, ...]
+    questions: tuple[str, ...] = ()  # () while sealed
     kept: int
     dropped: int
     duration_ms: float
@@ -183,6 +200,8 @@ class ReflectionCycleCompleted(Event):
     reinforced: int | None = None
     error: str | None = None
     drops: tuple[dict[str, str], ...] | None = None  # why each dropped insight was dropped (the first 64)
+    read_ids: tuple[str, ...] | None = None  # every record the cycle read: its window and the evidence shown
+    sealed: dict[str, str] | None = None  # questions, drops and error under the cycle's key: streams/shredding.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,14 +285,15 @@ class ErasureCompleted(Event):
     """The proof of an erasure (an EpisodeRetracted with reason erasure),
     published once its walk is done: what it took the text of — the episode,
     if the view held it, and every belief invalidated for resting on it, at
-    any depth the walk reaches — and the data keys destroyed (none until
-    text on the log is encrypted). Ids only: it carries no text."""
+    any depth the walk reaches — and the key scopes destroyed (its text on
+    the log no longer opens). Ids only: it carries no text."""
     TYPE: ClassVar[str] = "ErasureCompleted"
     erasure_id: str  # the EpisodeRetracted's event id
     episode_id: str
     episodes: tuple[str, ...]  # episodes whose text and vector left the view
     beliefs: tuple[str, ...]  # beliefs invalidated, their text and vector gone
-    keys: tuple[str, ...] = ()  # data keys destroyed
+    keys: tuple[str, ...] = ()  # key scopes destroyed: episode:<id>, belief:<id>, cycle:<id>
+    cycles: tuple[str, ...] = ()  # cycles that read the episode or a belief it took
 
 
 RECORDS: dict[str, type[Event]] = {
@@ -419,7 +439,7 @@ def check(data: Any) -> str:
     deep = _too_deep(data)
     if deep:
         raise ContractError(deep, f"is nested more than {MAX_NESTING} levels deep")
-    bad = _unencodable(data)
+    bad = _unencodable(data) or _sealed_problem(data)
     if bad:
         raise ContractError(*bad)
     try:
@@ -427,6 +447,21 @@ def check(data: Any) -> str:
     except fastjsonschema.JsonSchemaValueException as error:
         raise ContractError(_field_of(error), _reason(error)) from None
     return kind
+
+
+SEALED_FIELDS = {"EpisodeRecorded": ("text", "source", "metadata"), "ReflectionCreated": ("text", "question"),
+                 "ReflectionCycleCompleted": ("questions", "drops", "error")}
+
+
+def _sealed_problem(data: dict) -> tuple[str, str] | None:
+    """The schemas' oneOf for a sealed text, said with the field it is about."""
+    fields = SEALED_FIELDS.get(data["type"])
+    if fields is None:
+        return None
+    if "sealed" not in data:
+        return None if fields[0] in data else (fields[0], "is missing")
+    clear = [name for name in fields if name in data]
+    return ("sealed", f"comes instead of {', '.join(fields)} (got {', '.join(clear)} too)") if clear else None
 
 
 def _reason(error: fastjsonschema.JsonSchemaValueException) -> str:

@@ -19,6 +19,7 @@ from processors import router
 from processors.ports import EmbedderMismatch
 from streams import api, forwarding, metrics, pipeline
 from streams.adapters.factory import make_embedder, make_reasoner, open_view
+from streams.adapters.sealing import KeyRing, SealingError
 from streams.adapters.view.edge import stop_optimizing
 from streams.broker import honour_fetch_wait
 from streams.broker_watch import PROBE_INTERVAL, BrokerProbe, BrokerWatch, report
@@ -32,6 +33,7 @@ from streams.revocations import RevocationWatch
 from streams.routes.common import install_forwarding
 from streams.runtime import Runtime
 from streams.security import faust_credentials
+from streams.shredding import Sealing
 from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("reflect")
@@ -110,6 +112,12 @@ def create_app(settings: Settings) -> Runtime:
     except EmbedderMismatch as exc:  # a setting that does not fit the view: said in one line, no traceback
         raise SettingsError(f"invalid setting embedder ({exc})") from None
     runtime = Runtime.build(settings, app, view, embedder, reasoner)
+    runtime.sealing = runtime.outlets.sealing = Sealing(settings)
+    if settings.seal == "on":  # a ring that cannot be read is said now, not at the first episode
+        try:
+            KeyRing.load(settings.master_keys_path, create=not settings.master_keys)
+        except SealingError as exc:
+            raise SettingsError(f"invalid setting master_keys ({exc})") from None
     pipeline.install(runtime)
     runtime.ownership.install(app)
     runtime.commits = Commits(app)
@@ -127,6 +135,7 @@ def create_app(settings: Settings) -> Runtime:
         if runtime.replays is not None:
             await runtime.replays.close()  # side workers: streams/replay.py
         view.close()
+        await runtime.sealing.close()
 
     api.install(runtime)
 

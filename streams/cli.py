@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     bench.add_argument("--only", default=None, help=(
-        "comma-separated: ingest,cycle,read,invalidation,rebuild,retrieval,public; opt-in, run only when named: "
+        "comma-separated: ingest,cycle,read,invalidation,rebuild,sealing,retrieval,public; opt-in, run only when named: "
         "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference), "
         "beliefs (reflect demo --json over many seeds, scored)"))
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")
@@ -454,6 +454,21 @@ def background() -> None:
         os.nice(19)
 
 
+async def _check_ring(settings: Settings) -> int:
+    """The master key ring opens the keys already on the key topic (streams/shredding.py)."""
+    from streams.adapters.sealing import SealingError
+    from streams.shredding import Sealing
+
+    sealing = Sealing(settings)
+    try:
+        await sealing.check()
+    except SealingError as exc:
+        raise SettingsError(f"invalid setting master_keys ({exc})") from None
+    finally:
+        await sealing.close()
+    return 0
+
+
 def _worker(settings: Settings) -> int:
     import logging
 
@@ -479,6 +494,8 @@ def _worker(settings: Settings) -> int:
     # JSON logs: the topic lines are log lines too, not bare text between them.
     say = print if settings.log_format == "text" else logging.getLogger("reflect").info
     if with_broker_errors(settings, create_topics(settings, say)) != 0:
+        return 1
+    if with_broker_errors(settings, _check_ring(settings)) != 0:
         return 1
     runtime = create_app(settings)
     worker = faust.Worker(runtime.app, **worker_options(settings))

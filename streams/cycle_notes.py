@@ -10,8 +10,12 @@ from typing import Any
 
 def nothing_reason(completed) -> str:
     """Why a cycle created and reinforced no belief, in a sentence."""
-    if completed.outcome in ("failed", "unavailable", "refused"):
-        return f"the cycle was {completed.outcome}: {completed.error}"
+    if completed.outcome == "refused":  # the guard's own words: a budget or the breaker
+        return f"the cycle was refused: {completed.error}"
+    if completed.outcome in ("failed", "unavailable"):
+        # The error's kind only: its message may quote the model, whose answer rests on episodes an
+        # erasure must reach, and this note outlives them in a changelog (the log has it, sealed).
+        return f"the cycle was {completed.outcome}: {str(completed.error).split(':', 1)[0]}"
     if not completed.questions:
         return "its window held nothing to ask about: too few episodes since the user's last cycle"
     if completed.dropped:

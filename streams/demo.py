@@ -86,13 +86,17 @@ async def _follow(settings: Settings, seen: Followed) -> None:
     """Collect cycle and belief events from the reflections topic."""
     from aiokafka import AIOKafkaConsumer
 
+    from streams.shredding import Sealing
+
     consumer = AIOKafkaConsumer(settings.topic_reflections, **client_options(settings),
                                 auto_offset_reset="earliest", enable_auto_commit=False)
+    sealing = Sealing(settings)  # a cycle's questions are sealed on the log (streams/shredding.py)
     await consumer.start()
     try:
         async for message in consumer:
             with contextlib.suppress(ContractError):
                 event = decode(message.value)
+                event = (await sealing.opener([event]))(event) or event
                 if isinstance(event, ReflectionCycleCompleted) and event.cycle_id not in seen.cycles:
                     seen.cycles.add(event.cycle_id)
                     seen.kept += event.kept
@@ -109,6 +113,7 @@ async def _follow(settings: Settings, seen: Followed) -> None:
                     seen.verdicts[event.verdict or event.outcome] += 1
     finally:
         await consumer.stop()
+        await sealing.close()
 
 
 async def _stream(settings: Settings, hist: History, api: ReflectClient, expected: int, deadline: float,

@@ -1,12 +1,17 @@
 """The data keys of crypto-shredding, on a compacted key topic.
 
 One record per key version, keyed `kind \\0 user \\0 record \\0 version`
-(kind `user`, `episode` or `belief`), its value the wrapped key
+(kind `user`, `episode`, `belief` or `cycle`), its value the wrapped key
 (streams/adapters/sealing.py): a user key wrapped under the current master
 key, a data key under one version of its user's key. Destroying a scope
-(`destroy`) writes a tombstone for every version of it; once the broker
-compacts, the wrapped key is gone from the log, and whatever it sealed —
-in any topic, replay or backup — no longer opens.
+(`destroy`) writes a marker for every version of it, `{"destroyed": true}`;
+once the broker compacts, the wrapped key is gone from the log (the marker
+is the key's last record), and whatever it sealed — in any topic, replay or
+backup — no longer opens. A marker rather than a null tombstone: compaction
+drops a tombstone after `delete.retention.ms`, and a reader that then found
+no record of a key could not tell a destroyed key from one it was never
+meant to see (another key topic, a lost one), which must stop it, not read
+as erased (`KeyUnknown`).
 
 Every key is a fresh version with an id of its own, never a rewrite of
 another: two workers that make a user's key at once, or a retried publish
@@ -15,8 +20,7 @@ it sealed (compaction keeps the last record per key, so a rewrite would
 orphan what the first sealed).
 
 Each store reads the whole topic at start and follows it on each miss (a
-key is produced, and acknowledged, before anything it seals): a key
-neither held nor found when read to the end was destroyed.
+key is produced, and acknowledged, before anything it seals).
 """
 
 from __future__ import annotations
@@ -29,15 +33,24 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streams.adapters.sealing import KeyRing, Sealed, SealingError, new_key, unwrap_under, wrap_under
+
+DESTROYED = b'{"destroyed":true}'
+
+
+class KeyUnknown(SealingError):
+    """A key this store has no record of, made or destroyed: the key topic is
+    another than its writer's, or was lost. Never read as erased; retried,
+    so the reader waits (and says why) rather than dropping what it reads."""
+    retriable = True
 from streams.security import client_options
 
-KINDS = ("user", "episode", "belief")
+KINDS = ("user", "episode", "belief", "cycle")
 READ_TIMEOUT = 30.0  # seconds to read the key topic to its end
 
 
 def key_id(kind: str, user_id: str, record: str = "", version: str | None = None) -> str:
     if kind not in KINDS:
-        raise ValueError(f"a key is of a user, an episode or a belief, not {kind!r}")
+        raise ValueError(f"a key is of a user, an episode, a belief or a cycle, not {kind!r}")
     return "\0".join((kind, user_id, record, version or secrets.token_hex(8)))
 
 
@@ -47,52 +60,64 @@ def scope_of(kid: str) -> tuple[str, str, str]:
 
 
 class KeyStore:
-    """Make, find and destroy keys; `async with KeyStore(settings, ring, topic)`."""
+    """Make, find and destroy keys; `async with KeyStore(settings, ring, topic)`.
+
+    One consumer follows the key topic for the store's life: a refresh reads
+    what was added since the last one, not the topic again from its start."""
 
     def __init__(self, settings, ring: KeyRing, topic: str) -> None:
         self.settings, self.ring, self.topic = settings, ring, topic
         self.wrapped: dict[str, Sealed] = {}  # key id → its wrapped key; a destroyed one is absent
+        self.destroyed: set[str] = set()  # key ids with a destruction marker
+        self._of_user: dict[str, set[str]] = {}  # user → the ids of their keys held, of every kind
         self._producer = AIOKafkaProducer(**client_options(settings), acks="all", request_timeout_ms=15000)
+        self._consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
+                                          fetch_max_wait_ms=100)
+        self._sealing_under: dict[str, tuple[str, bytes]] = {}  # user → (id, key) of the user key in use
+        self._tps: list[TopicPartition] = []
+        self._reading = asyncio.Lock()  # one refresh at a time: a consumer reads for one caller
 
     async def __aenter__(self) -> "KeyStore":
-        await self._producer.start()
         try:
+            await self._producer.start()
+            await self._consumer.start()
+            self._tps = [TopicPartition(self.topic, p)
+                         for p in sorted(self._consumer.partitions_for_topic(self.topic) or ())]
+            if not self._tps:
+                raise SealingError(f"no key topic {self.topic}: create it first (reflect topics create)")
+            self._consumer.assign(self._tps)
+            await self._consumer.seek_to_beginning(*self._tps)
             await self.refresh()
         except BaseException:
-            await self._producer.stop()
+            await self.__aexit__()
             raise
         return self
 
     async def __aexit__(self, *exc) -> None:
+        await self._consumer.stop()
         await self._producer.stop()
 
     async def refresh(self) -> None:
-        """The key topic read to its end: every key made, less every key destroyed."""
-        consumer = AIOKafkaConsumer(**client_options(self.settings), enable_auto_commit=False,
-                                    fetch_max_wait_ms=100)
-        await consumer.start()
-        try:
-            tps = [TopicPartition(self.topic, p) for p in sorted(consumer.partitions_for_topic(self.topic) or ())]
-            if not tps:
-                raise SealingError(f"no key topic {self.topic}: create it first (ensure_key_topic)")
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
+        """The key topic read to its end as it is now: every key made, less every key destroyed."""
+        async with self._reading:
+            ends = await self._consumer.end_offsets(self._tps)
             deadline = time.monotonic() + READ_TIMEOUT
-            while True:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
+            while not all([await self._consumer.position(tp) >= end for tp, end in ends.items()]):
+                for records in (await self._consumer.getmany(*self._tps, timeout_ms=200)).values():
                     for r in records:
                         kid = r.key.decode()
-                        if r.value is None:
-                            self.wrapped.pop(kid, None)
+                        if r.value is None or r.value == DESTROYED:  # (None: a tombstone, as earlier builds wrote)
+                            self._drop(kid)
                         else:
-                            self.wrapped[kid] = Sealed.of(orjson.loads(r.value))
-                marks = [consumer.highwater(tp) for tp in tps]
-                if None not in marks and all([await consumer.position(tp) >= m for tp, m in zip(tps, marks)]):
-                    return
+                            self._hold(kid, Sealed.of(orjson.loads(r.value)))
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"could not read the key topic {self.topic} to its end in {READ_TIMEOUT} s")
-        finally:
-            await consumer.stop()
+
+    async def fetch(self, kids) -> None:
+        """Ready to unwrap `kids`: the topic read again once, when one is not
+        held (made since the last refresh, or destroyed)."""
+        if any(kid not in self.wrapped and kid not in self.destroyed for kid in kids):
+            await self.refresh()
 
     async def new(self, kind: str, user_id: str, record: str) -> tuple[str, bytes]:
         """A new data key for an episode or a belief, wrapped under a version
@@ -104,46 +129,72 @@ class KeyStore:
 
     async def key(self, kid: str) -> bytes | None:
         """The key, or None: destroyed (it, or its user's key)."""
-        if kid not in self.wrapped:
-            await self.refresh()
+        await self.fetch([kid])
+        return self.unwrapped(kid)
+
+    def unwrapped(self, kid: str) -> bytes | None:
+        """The key as held now, or None: destroyed. KeyUnknown when the topic
+        has no record of it; SealingError when it will not unwrap (a master
+        key missing from the ring, or a record altered)."""
         wrapped = self.wrapped.get(kid)
         if wrapped is None:
-            return None
+            if kid in self.destroyed:
+                return None
+            raise KeyUnknown(f"key {kid.replace(chr(0), '/')} is not on the key topic {self.topic}: a writer "
+                             "on another key topic, or the topic was lost")
         if scope_of(kid)[0] == "user":
             return self.ring.unwrap(wrapped, kid)
-        parent = await self.key(wrapped.kid)
+        parent = self.unwrapped(wrapped.kid)
         return None if parent is None else unwrap_under(parent, wrapped, kid)
 
     async def destroy(self, kind: str, user_id: str, record: str = "") -> list[str]:
         """Every version of the scope tombstoned — for kind `user`, every key
         of the user: what they wrapped no longer opens anywhere; their ids."""
         await self.refresh()
-        gone = [kid for kid in self.wrapped if scope_of(kid)[1] == user_id
-                and (kind == "user" or scope_of(kid)[::2] == (kind, record))]
+        gone = sorted(kid for kid in self._of_user.get(user_id, ())
+                      if kind == "user" or scope_of(kid)[::2] == (kind, record))
         await self._tombstones(gone)
         return gone
 
     async def _user_key(self, user_id: str) -> tuple[str, bytes]:
-        held = self._versions("user", user_id)
+        """The version of the user's key that new keys go under: the same one while it lasts."""
+        if user_id in self._sealing_under:
+            return self._sealing_under[user_id]
+        held = self._user_versions(user_id)
         if not held:
             await self.refresh()
-            held = self._versions("user", user_id)
+            held = self._user_versions(user_id)
         if held:
-            kid = min(held)  # any version opens what it wrapped; the same one while it lasts
-            return kid, self.ring.unwrap(self.wrapped[kid], kid)
-        kid, key = key_id("user", user_id), new_key()
-        await self._put(kid, self.ring.wrap(key, kid))
+            kid = min(held)  # any version opens what it wrapped
+            key = self.ring.unwrap(self.wrapped[kid], kid)
+        else:
+            kid, key = key_id("user", user_id), new_key()
+            await self._put(kid, self.ring.wrap(key, kid))
+        self._sealing_under[user_id] = kid, key
         return kid, key
 
-    def _versions(self, kind: str, user_id: str) -> list[str]:
-        return [kid for kid in self.wrapped if scope_of(kid)[:2] == (kind, user_id)]
+    def _user_versions(self, user_id: str) -> list[str]:
+        return [kid for kid in self._of_user.get(user_id, ()) if scope_of(kid)[0] == "user"]
+
+    def _hold(self, kid: str, wrapped: Sealed) -> None:
+        self.wrapped[kid] = wrapped
+        self.destroyed.discard(kid)
+        self._of_user.setdefault(scope_of(kid)[1], set()).add(kid)
+
+    def _drop(self, kid: str) -> None:
+        self.wrapped.pop(kid, None)
+        self.destroyed.add(kid)
+        user = scope_of(kid)[1]
+        self._of_user.get(user, set()).discard(kid)
+        if self._sealing_under.get(user, ("",))[0] == kid:
+            del self._sealing_under[user]
 
     async def _put(self, kid: str, wrapped: Sealed) -> None:
         await (await self._producer.send(self.topic, key=kid.encode(), value=orjson.dumps(wrapped.to_dict())))
-        self.wrapped[kid] = wrapped
+        self._hold(kid, wrapped)
 
     async def _tombstones(self, kids: list[str]) -> None:
-        sent = [await self._producer.send(self.topic, key=kid.encode(), value=None) for kid in kids]
+        sent = [await self._producer.send(self.topic, key=kid.encode(), value=DESTROYED) for kid in kids]
         await asyncio.gather(*sent)
         for kid in kids:
-            self.wrapped.pop(kid, None)
+            self._drop(kid)

@@ -44,12 +44,13 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from processors.dlq import accept, carried
+from processors.dlq import carried
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
 from processors.ports import NO_USER, ViewPoint
-from schemas import ContractError, ReflectionChallenged, ReflectionCycleCompleted
+from schemas import ReflectionChallenged, ReflectionCycleCompleted
 from streams import forwarding
 from streams.security import client_options
+from streams.shredding import read_records
 
 log = logging.getLogger("reflect")
 _PARTITIONER = DefaultPartitioner()
@@ -273,7 +274,9 @@ class Ownership:
             if not spans:
                 return
             started = asyncio.get_running_loop().time()
-            events, reached = await _project(consumer, spans, self._projectors(p), carried(settings),
+            carries = carried(settings)
+            events, reached = await _project(consumer, spans, self._projectors(p),
+                                             lambda ms: read_records(ms, carries, runtime.sealing),
                                              runtime.projection_lock)
             await asyncio.to_thread(self.watermarks.advance, view, reached)
             if not events:
@@ -350,7 +353,7 @@ class Ownership:
                 self.topics[1]: (ReflectionProjector(view, embedder).apply, REFLECTION_TYPES, note)}
 
 
-async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, carries: dict,
+async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, read,
                    lock: asyncio.Lock) -> tuple[int, dict]:
     """Apply each topic-partition's events from `start` to the end of its
     log, and at least up to `until` (exclusive), in order: how many, and the
@@ -365,17 +368,13 @@ async def _project(consumer: AIOKafkaConsumer, spans: dict, projectors: dict, ca
         batches = await consumer.getmany(*left, timeout_ms=200, max_records=1000)
         for tp, messages in batches.items():
             apply, kinds, note = projectors[tp.topic]
-            records, positions = [], []
-            for m in messages:
-                try:
-                    record = accept(m, carries)
-                except ContractError:  # dead-lettered when it was first read
-                    continue
+            kept, _ = await read(messages)  # what is refused was dead-lettered when first read
+            for record, _m in kept:
                 if note is not None:
                     note(record)
-                if isinstance(record, kinds):
-                    records.append(record)
-                    positions.append(m.offset)  # as the live path (processors/ports.py, POSITION)
+            kept = [(r, m) for r, m in kept if isinstance(r, kinds)]
+            records = [r for r, _ in kept]
+            positions = [m.offset for _, m in kept]  # as the live path (processors/ports.py, POSITION)
             async with lock:  # as the live projectors: a rebuild swaps views between batches only
                 await asyncio.to_thread(apply, records, positions)
             applied += len(records)

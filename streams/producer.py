@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from schemas import ContractError, EpisodeRecorded, EpisodeRetracted, Event, now
 from streams.security import client_options
 from streams.settings import Settings
+from streams.shredding import Sealing
 
 # An idempotency key (the API's `Idempotency-Key` header; `idempotency_key=`
 # below) names an episode: its id is uuid5(IDEMPOTENCY_KEYS, "<user_id>\n<key>")
@@ -81,6 +82,7 @@ class Publisher:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.sealing = Sealing(settings)  # an episode's text goes on the log sealed (streams/shredding.py)
         # Not idempotent: aiokafka's idempotent producer fails on Tansu
         # (InitProducerId); duplicates are absorbed by idempotent consumers.
         self._producer = AIOKafkaProducer(**client_options(settings), acks="all",
@@ -96,9 +98,12 @@ class Publisher:
 
     async def __aexit__(self, *exc) -> None:
         await self._producer.stop()
+        await self.sealing.close()
 
     async def publish(self, event: Event, topic: str | None = None, wait: bool = True) -> Event:
-        value = event.encode()  # raises ContractError naming the field
+        """`event` on the log (an episode sealed first); returns it as given."""
+        event.encode()  # raises ContractError naming the field, before any key is made
+        value = (await self.sealing.sealed(event)).encode()
         future = await self._producer.send(topic or self.settings.topic_episodes, value=value,
                                            key=event.user_id.encode())
         if wait:

@@ -26,9 +26,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from processors.projector import EPISODE_TYPES, REFLECTION_TYPES, EpisodeProjector, ReflectionProjector
-from processors.dlq import accept, carried
-from schemas import ContractError
+from processors.dlq import carried
 from streams.security import client_options
+from streams.shredding import read_records
 
 log = logging.getLogger("reflect")
 
@@ -69,7 +69,7 @@ class Rebuilding:
         self.task = asyncio.ensure_future(run(progress))
 
 
-async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, carries,
+async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, read,
                   progress: Progress) -> None:
     """Apply every event to the end of each partition: at least `floor` (the
     end offsets), and on to the high watermark the fetches report — Tansu's
@@ -78,16 +78,12 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, ca
     while True:
         batches = await consumer.getmany(*parts, timeout_ms=200, max_records=2000)
         for tp, messages in batches.items():
-            records, positions = [], []
-            for m in messages:
-                try:
-                    record = accept(m, carries)
-                except ContractError:  # it went to a dead-letter topic when it was first read
-                    progress.skipped.append(f"{tp.topic}[{tp.partition}]@{m.offset}")
-                    continue
-                if isinstance(record, EPISODE_TYPES + REFLECTION_TYPES):
-                    records.append(record)
-                    positions.append(m.offset)  # where the live path put them (processors/ports.py, POSITION)
+            kept, refused = await read(messages)
+            # What was refused went to a dead-letter topic when it was first read.
+            progress.skipped += [f"{tp.topic}[{tp.partition}]@{m.offset}" for m in refused]
+            kept = [(r, m) for r, m in kept if isinstance(r, EPISODE_TYPES + REFLECTION_TYPES)]
+            records = [r for r, _ in kept]
+            positions = [m.offset for _, m in kept]  # where the live path put them (processors/ports.py, POSITION)
             # Off the event loop: embedding and upserts take the time, and the
             # worker's heartbeats, agents and API go on meanwhile.
             await asyncio.to_thread(projectors[tp.topic], records, positions)
@@ -138,6 +134,9 @@ async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, st
     episodes, reflections = EpisodeProjector(fresh, embedder), ReflectionProjector(fresh, embedder)
     projectors = {settings.topic_episodes: episodes.apply, settings.topic_reflections: reflections.apply}
     carries = carried(settings)  # what the live path dead-lettered, the replay skips
+
+    def read(messages):
+        return read_records(messages, carries, runtime.sealing)
     consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
     await consumer.start()
@@ -151,7 +150,7 @@ async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, st
             consumer.seek(tp, held[tp])
         until = await consumer.end_offsets(parts)
         progress.total = sum(max(0, until[tp] - held[tp]) for tp in parts)  # a lower bound on Tansu
-        await _replay(consumer, parts, until, projectors, carries, progress)
+        await _replay(consumer, parts, until, projectors, read, progress)
         # Reads of a grown, unoptimized Edge shard slow down (streams/adapters/view/edge.py,
         # EdgeView.optimize): the successor serves no one yet, so it is optimized
         # now, in a child process, while the live path goes on; then what
@@ -159,12 +158,12 @@ async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, st
         progress.state = "optimizing"
         await asyncio.to_thread(fresh.optimize)
         progress.state = "running"
-        await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)
+        await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, read, progress)
         async with projection_lock:  # the live projectors wait here, briefly
             progress.state = "swapping"
             if still_fits is not None:
                 still_fits()
-            await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, carries, progress)
+            await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, read, progress)
             await asyncio.to_thread(fresh.promote)
             # In a thread: the swap waits for the reads in flight on the old view.
             old = await asyncio.to_thread(runtime.view.swap, fresh)

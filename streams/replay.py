@@ -41,6 +41,7 @@ from schemas import ContractError, ReflectionInvalidated, now
 from streams.adapters import prompt_sets
 from streams.dlq_replay import read_to_end
 from streams.producer import Publisher
+from streams.shredding import read_records
 from streams.security import client_options
 from streams.settings import Settings
 
@@ -64,6 +65,7 @@ def side_settings(settings: Settings, spec: ReplaySpec, port: int, prompts: str 
         topic_requests=settings.topic_requests + suffix, topic_reflections=settings.topic_reflections + suffix,
         data_dir=str(replay_dir(settings, spec.name)), view=f"{settings.view}-replay-{spec.name}",
         reasoner=spec.reasoner, prompts=prompts or settings.prompts,
+        master_keys=str(settings.master_keys_path),  # the live data's ring: it opens the live log
         web_host="127.0.0.1", web_port=port, advertised_url=None,
         # A replay runs months of cycles in minutes: the live per-day limits would stop it at random
         # users; its own budget is all it may spend.
@@ -121,9 +123,10 @@ async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def read_log(settings: Settings, ends: dict[int, int]) -> list[tuple[Any, float | None]]:
+async def read_log(settings: Settings, ends: dict[int, int], sealing=None) -> list[tuple[Any, float | None]]:
     """(record, logged at) of every event of `episodes` before `ends`, per
-    partition in order; undecodable ones skipped (they are dead letters)."""
+    partition in order, opened (streams/shredding.py); undecodable ones
+    skipped (they are dead letters)."""
     topic, carries = settings.topic_episodes, carried(settings)
     wanted = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0}
     out: list[tuple[Any, float | None]] = []
@@ -136,11 +139,8 @@ async def read_log(settings: Settings, ends: dict[int, int]) -> list[tuple[Any, 
         await consumer.seek_to_beginning(*wanted)
         while wanted:
             for tp, messages in (await consumer.getmany(timeout_ms=1000)).items():
-                for m in messages:
-                    if m.offset >= wanted.get(tp, 0):
-                        continue
-                    with contextlib.suppress(ContractError):
-                        out.append((accept(m, carries), m.timestamp / 1000 if m.timestamp else None))
+                kept, _ = await read_records([m for m in messages if m.offset < wanted.get(tp, 0)], carries, sealing)
+                out += [(r, m.timestamp / 1000 if m.timestamp else None) for r, m in kept]
                 if (await consumer.position(tp)) >= wanted.get(tp, 0):
                     wanted.pop(tp, None)
         return out
@@ -176,8 +176,8 @@ class Replay:
 class Replays:
     """The replays of this worker's data directory: start, follow, stop, drop, diff."""
 
-    def __init__(self, settings: Settings, view, dim: int) -> None:
-        self.settings, self.view, self.dim = settings, view, dim
+    def __init__(self, settings: Settings, view, dim: int, sealing=None) -> None:
+        self.settings, self.view, self.dim, self.sealing = settings, view, dim, sealing
         self.running: dict[str, Replay] = {}
         self.starting = asyncio.Lock()
 
@@ -217,7 +217,7 @@ class Replays:
     async def plan(self, spec: ReplaySpec) -> tuple[dict[int, int], Estimate]:
         """Where the log ends now, and what replaying it up to there would take."""
         ends = await end_offsets(self.settings, self.settings.topic_episodes)
-        records = await read_log(self.settings, ends)
+        records = await read_log(self.settings, ends, self.sealing)
         return ends, estimate(spec, records, Trigger.from_settings(self.settings))
 
     async def start(self, spec: ReplaySpec) -> dict[str, Any]:

@@ -74,6 +74,7 @@ class Outlets:
         self.episodes, self.requests = raw(settings.topic_episodes), raw(settings.topic_requests)
         self.reflections = raw(settings.topic_reflections)
         self.replay = settings.replay
+        self.sealing = None  # streams/shredding.Sealing: a belief's text goes on the log sealed (a worker's)
         self.dlq = {settings.topic_episodes: raw(settings.dlq_episodes),
                     settings.topic_reflections: raw(settings.dlq_reflections),
                     settings.topic_requests: raw(settings.dlq_reflections)}
@@ -88,8 +89,13 @@ class Outlets:
         is acknowledged upstream only once what it caused is in the log."""
         if self.replay and any(self.topic_of(e) is self.episodes for e in events):
             raise RuntimeError(f"replay {self.replay}'s side worker would write the live episodes log")
-        sent = [await self.topic_of(e).send(key=e.user_id.encode(), value=e.encode()) for e in events]
+        sent = [await self.topic_of(e).send(key=e.user_id.encode(), value=e.encode())
+                for e in await self.sealed(events)]
         await asyncio.gather(*sent)
+
+    async def sealed(self, events: Iterable[Event]) -> list[Event]:
+        """The events as they go on the log: a belief's text sealed (streams/shredding.py)."""
+        return [await self.sealing.sealed(e) for e in events] if self.sealing else list(events)
 
     async def dead_letter(self, message, error: BaseException, stage: str) -> None:
         log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition, message.offset, stage,
@@ -129,6 +135,7 @@ class Runtime:
     rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
     router_ready: bool = False  # recall's router trained (streams/app.py): readiness waits for it
     replays: Any = None  # streams/replay.Replays: the side workers this worker runs (made on first use)
+    sealing: Any = None  # streams/shredding.Sealing: a worker's keys (None in the tests' in-memory one)
 
     @classmethod
     def build(cls, settings: Settings, app, view: VectorStore, embedder: Embedder, reasoner: Reasoner,

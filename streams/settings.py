@@ -274,6 +274,12 @@ SPECS: tuple[Spec, ...] = (
          "Topic of ReflectionCreated / Reinforced / Invalidated / CycleCompleted."),
     Spec("data_dir", "REFLECT_DATA_DIR", ".reflect", str,
          "Directory of the embedded view (Qdrant Edge shards) and local state."),
+    Spec("seal", "REFLECT_SEAL", "on", _choice("on", "off"),
+         "Crypto-shredding: an episode's text, source and metadata go on the log sealed (AES-256-GCM) under "
+         "a data key of the episode's own, kept on the key topic; an erasure destroys it. Off: in clear."),
+    Spec("master_keys", "REFLECT_MASTER_KEYS", "", _optional,
+         "The master key ring that wraps every data key: a file of `id:base64` lines, the first current. "
+         "Empty: data_dir/master.keys, made on first use. Back it up apart from the data it unlocks."),
     Spec("qdrant_url", "REFLECT_QDRANT_URL", "", _optional_url,
          "Qdrant server URL; empty means the embedded Qdrant Edge view in data_dir."),
     Spec("qdrant_api_key", "REFLECT_QDRANT_API_KEY", "", _secret,
@@ -545,6 +551,8 @@ class Settings:
     topic_requests: str
     topic_reflections: str
     data_dir: str
+    seal: str
+    master_keys: str | None
     qdrant_url: str | None
     qdrant_api_key: Secret | None
     view: str
@@ -664,6 +672,16 @@ class Settings:
         return f"{self.app_id.removesuffix(self.replay_suffix)}.revocations"
 
     @property
+    def topic_keys(self) -> str:
+        """The data keys of crypto-shredding (streams/keys.py), compacted: one per log, whatever group
+        reads it (another app id, a replay's side worker)."""
+        return f"{self.topic_episodes}.keys"
+
+    @property
+    def master_keys_path(self) -> Path:
+        return Path(self.master_keys) if self.master_keys else Path(self.data_dir) / "master.keys"
+
+    @property
     def replay_suffix(self) -> str:
         """What a replay's side worker adds to the names it owns (streams/replay.py)."""
         return f".replay.{self.replay}" if self.replay else ""
@@ -678,6 +696,7 @@ class Settings:
             self.dlq_episodes,
             self.dlq_reflections,
             self.topic_revocations,
+            self.topic_keys,
         )
 
     @property

@@ -31,6 +31,12 @@ KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy":
 # a cluster with a shorter default does not drop requests a stopped group has
 # yet to read.
 REQUESTS_RETENTION_MS = str(7 * 24 * 3600 * 1000)
+# The key topic of crypto-shredding (streams/keys.py): compacted, so a
+# destroyed key's wrapped record leaves the log once compacted (its
+# destruction marker, the key's last record, stays), and every key kept
+# forever otherwise. A segment rolls daily, so the cleaner can reach a
+# destroyed key's record within a day or so of its marker.
+KEY_TOPIC = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.ms": str(24 * 3600 * 1000)}
 OVERRIDE = "REFLECT_ALLOW_FINITE_RETENTION=true (--allow-finite-retention)"
 
 
@@ -63,6 +69,8 @@ def topic_configs(name: str, settings: Settings) -> dict[str, str]:
         return {"retention.ms": REQUESTS_RETENTION_MS, "cleanup.policy": "delete", **durable}
     if name == settings.topic_revocations:  # one record per token id is all a worker needs
         return {"cleanup.policy": "compact", **durable}
+    if name == settings.topic_keys:
+        return {**KEY_TOPIC, **durable}
     return durable
 
 
@@ -101,11 +109,8 @@ async def ensure_topics(settings: Settings) -> dict[str, str]:
 
 
 async def ensure_key_topic(settings: Settings, name: str) -> str:
-    """The key topic of crypto-shredding (streams/keys.py): compacted, so a
-    destroyed key's record leaves the log once its tombstone is compacted
-    (`delete.retention.ms`: a day), and kept forever otherwise."""
-    configs = {"cleanup.policy": "compact", "retention.ms": "-1", "delete.retention.ms": str(24 * 3600 * 1000),
-               "min.insync.replicas": str(settings.min_insync_replicas)}
+    """A key topic of another name than the settings' (tests, tools)."""
+    configs = {**KEY_TOPIC, "min.insync.replicas": str(settings.min_insync_replicas)}
     async with _admin(settings) as admin:
         if name in await _shapes(admin):
             return "exists"

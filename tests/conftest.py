@@ -17,7 +17,7 @@ import pytest
 from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
 from support.broker import QDRANT_IMAGE, TEST_BROKER, TEST_QDRANT, KafkaContainerBroker, docker_containers
-from support.harness import Worker, http_status, wait_for
+from support.harness import Worker, http_status, shared_ring, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +57,7 @@ def settings(qdrant_url, broker, tmp_path) -> Settings:
         topic_requests=f"reflection-requests-{tag}",
         topic_reflections=f"reflections-{tag}",
         data_dir=str(tmp_path / "data"),
+        master_keys=shared_ring(tmp_path),  # one ring for every worker a test starts, whatever its data dir
         web_port=free_port(),
         # A shared server needs a view (alias) per test; Edge keeps the default name.
         qdrant_url=qdrant_url,

@@ -38,6 +38,13 @@ class SealingError(ValueError):
     """A key ring or a sealed value that cannot be used: named, never guessed around."""
 
 
+class RingMismatch(SealingError):
+    """A key wrapped under a master key this ring lacks: the configuration is
+    at fault, not the record (every worker and writer needs the same ring),
+    so what waits on it is retried, never dead-lettered."""
+    retriable = True
+
+
 @dataclass(frozen=True)
 class Sealed:
     """Ciphertext under key `kid`, as it travels (JSON-safe)."""
@@ -110,9 +117,18 @@ class KeyRing:
             if not create:
                 raise SealingError(f"no master key ring at {path} (REFLECT_MASTER_KEYS)")
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            made = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
-                out.write(f"k1:{_b64(new_key())}\n")
+                out.write(f"k-{secrets.token_hex(4)}:{_b64(new_key())}\n")  # an id of its own: a mismatch is named
+                out.flush()
+                os.fsync(out.fileno())
+            try:  # whole, or not at all: two processes that make it at once read the one that won
+                os.link(made, path)
+            except FileExistsError:
+                pass
+            finally:
+                made.unlink()
         return cls.parse(path.read_text(), str(path))
 
     def wrap(self, key: bytes, kid: str) -> Sealed:
@@ -121,7 +137,9 @@ class KeyRing:
 
     def unwrap(self, wrapped: Sealed, kid: str) -> bytes:
         if wrapped.kid not in self.keys:
-            raise SealingError(f"key {kid} is wrapped under master key {wrapped.kid}, which this ring lacks")
+            raise RingMismatch(f"a key is wrapped under master key {wrapped.kid}, which this ring "
+                               f"({', '.join(self.keys)}) lacks: every worker and writer needs the same ring "
+                               "(REFLECT_MASTER_KEYS)")
         return open_sealed(self.keys[wrapped.kid], wrapped, f"key:{kid}")
 
 

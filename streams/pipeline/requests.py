@@ -42,16 +42,26 @@ from processors.ports import Reasoner
 from processors.reasoners import Remembered
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from processors.tenants import tenant_of
-from schemas import (ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionCycleCompleted,
-                     ReflectionRequested, from_dict)
+from schemas import (ChallengeRequested, ErasureCompleted, Event, GateRequested, InvalidationRequested,
+                     ReflectionCycleCompleted, ReflectionRequested, from_dict)
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
 from streams.ownership import partition_of
 from streams.pipeline.runner import HandedOver, Runner
 from streams.runtime import Runtime, write
+from streams.shredding import opener
 
 log = logging.getLogger("reflect")
+
+
+def shredded(proof: ErasureCompleted) -> tuple[str, ...]:
+    """The key scopes an erasure destroys: its episode's, those of the
+    beliefs it took and of the cycles that read either. Named by scope, so
+    that a walk run again after a crash names the same ones, whether or not
+    the first run destroyed them."""
+    return (f"episode:{proof.episode_id}", *(f"belief:{b}" for b in proof.beliefs),
+            *(f"cycle:{c}" for c in proof.cycles))
 
 
 def today() -> str:
@@ -111,11 +121,13 @@ class RequestsPipeline(Runner):
                 reasoner = Remembered(runtime.reasoner)  # a retry after a transient fault asks nothing twice
                 made = await runtime.policy.alone("reflect", lambda: self.cycle(request, partition, reasoner),
                                                   message)
-                if made is not FAILED:  # stored before it is published: a rerun reuses it, no second model call
-                    await write(runtime.tables.outcomes, partition, user,
-                                {"cycle_id": request.cycle_id, "events": [e.to_dict() for e in made],
-                                 "since": await self.log_ends(made, user)})
                 unpublished = made
+                if made is not FAILED:  # stored before it is published: a rerun reuses it, no second model call
+                    # Sealed as they go on the log, stored as they will go there: the changelog holds no text.
+                    unpublished = await runtime.policy.until_done("seal", lambda: runtime.outlets.sealed(made))
+                    await write(runtime.tables.outcomes, partition, user,
+                                {"cycle_id": request.cycle_id, "events": [e.to_dict() for e in unpublished],
+                                 "since": await self.log_ends(made, user)})
             if made is not FAILED:
                 if not runtime.still_owns(message):  # the next owner publishes the stored outcome
                     raise HandedOver(f"cycle {request.cycle_id} decided as its partition is handed over")
@@ -137,15 +149,17 @@ class RequestsPipeline(Runner):
         stored = self.runtime.tables.outcomes.get(request.user_id) or {}
         if stored.get("cycle_id") != request.cycle_id:
             return None, []
-        made = [from_dict(e) for e in stored["events"]]
+        stored_events = [from_dict(e) for e in stored["events"]]  # sealed as they go on the log
         runtime, held = self.runtime, set()
+        open_one = await runtime.policy.until_done("open", lambda: opener(runtime.sealing, stored_events))
+        made = [opened for opened in map(open_one, stored_events) if opened is not None]
         partition, ids = partition_of(request.user_id, runtime.settings.partitions), [e.event_id for e in made]
         for topic, since in (stored.get("since") or {}).items():
             held |= await runtime.policy.until_done(
                 "read-log", lambda topic=topic, since=since: runtime.log.holds(topic, partition, since, ids))
         log.info("cycle %s was decided before a stop or a crash: %d of its %d events are on the log already, "
                  "the rest is published now", request.cycle_id, len(held), len(made))
-        return made, [e for e in made if e.event_id not in held]
+        return made, [e for e in stored_events if e.event_id not in held]
 
     async def log_ends(self, events: list[Event], user: str) -> dict[str, int]:
         """Where each topic the events go to ends now, on the user's partition."""
@@ -231,12 +245,19 @@ class RequestsPipeline(Runner):
             def walk():
                 state = copy.deepcopy(table.get(user) or empty_state())
                 made, known = self.invalidator.on_retracted(retraction, state)
-                self.project([e for e in made if isinstance(e, REFLECTION_TYPES)])
+                if self.runtime.sealing is not None:
+                    made = [replace(e, keys=shredded(e)) if isinstance(e, ErasureCompleted) else e for e in made]
+                # An erasure's proof goes into the view once its keys are destroyed (`shred`), below.
+                self.project([e for e in made if isinstance(e, REFLECTION_TYPES)
+                              and not isinstance(e, ErasureCompleted)])
                 return state, made, known
 
             done = await self.runtime.policy.alone("invalidate", lambda: asyncio.to_thread(walk), message)
             if done is not FAILED:
                 state, made, known = done
+                proofs = [e for e in made if isinstance(e, ErasureCompleted)]
+                await self.shred(proofs)  # then its proof, in the view and on the log
+                await self.runtime.policy.until_done("project", lambda: asyncio.to_thread(self.project, proofs))
                 if not known:
                     log.info("retraction of episode %s of user %s, which the view never held: a tombstone, "
                              "nothing to invalidate", retraction.episode_id, user)
@@ -248,6 +269,16 @@ class RequestsPipeline(Runner):
                 state["revalidations"] = state.get("revalidations", 0) + len(revalidations)  # for stats
                 write(table, message.partition, user, state)
         await self.mark_done(request, message.partition)
+
+    async def shred(self, proofs: list[ErasureCompleted]) -> None:
+        """An erasure's keys destroyed before its proof is published
+        (`shredded`; streams/shredding.py), so that the texts they sealed,
+        in any copy of the log, no longer open."""
+        for proof in proofs:
+            for scope in proof.keys:
+                kind, _, record = scope.partition(":")
+                await self.runtime.policy.until_done(
+                    "shred", lambda: self.runtime.sealing.destroy(kind, proof.user_id, record))
 
     async def judge(self, request: GateRequested, message) -> None:
         """A run of the user's new episodes through the contradiction and

@@ -16,6 +16,7 @@ from processors.dlq import accept, carried
 from schemas import ContractError, Event
 from streams import compaction, metrics
 from streams.runtime import Runtime
+from streams.shredding import opener
 
 log = logging.getLogger("reflect")
 AUDIT_AFTER = 1.0  # seconds between a waiting runner's looks for dropped records (streams/read_order.py)
@@ -127,19 +128,33 @@ class Runner:
         return None
 
     async def admit(self, events) -> list[tuple[Event, Any]]:
-        """(record, message) of every event that honours its topic's contract;
-        the rest dead-lettered with the reason (stage "decode")."""
-        out = []
+        """(record, message) of every event that honours its topic's contract,
+        a sealed one opened (streams/shredding.py: an erased one is read as
+        what is left of it); the rest dead-lettered with the reason (stage
+        "decode")."""
+        accepted = []
         for event in events:
             try:
-                record = accept(event.message, self.carries)
+                accepted.append((accept(event.message, self.carries), event.message))
             except ContractError as error:
-                metrics.event(event.message, "dead_lettered")
-                await self.runtime.policy.reject(event.message, error, "decode")
+                await self.reject(event.message, error)
+        sealing = self.runtime.sealing  # the key topic unreachable is a transient fault: retried
+        open_one = await self.runtime.policy.until_done("open", lambda: opener(sealing, [r for r, _ in accepted]))
+        out = []
+        for record, message in accepted:
+            try:
+                opened = open_one(record)
+            except ContractError as error:
+                await self.reject(message, error)
                 continue
-            metrics.event(event.message, "ok", record.TYPE)
-            out.append((record, event.message))
+            metrics.event(message, "ok", record.TYPE)
+            if opened is not None:  # None: a belief an erasure took, whose key is gone
+                out.append((opened, message))
         return out
+
+    async def reject(self, message, error: ContractError) -> None:
+        metrics.event(message, "dead_lettered")
+        await self.runtime.policy.reject(message, error, "decode")
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
         raise NotImplementedError

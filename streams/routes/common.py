@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiokafka.errors import KafkaError
 from aiohttp import ClientConnectorCertificateError, ClientError, ClientTimeout, web
 from faust.web import Request, Response, View
 from yarl import URL
@@ -65,7 +66,8 @@ class Context:
         if self.runtime.replays is None:
             from streams.replay import Replays
 
-            self.runtime.replays = Replays(self.runtime.settings, self.runtime.view, self.runtime.embedder.dim)
+            runtime = self.runtime
+            runtime.replays = Replays(runtime.settings, runtime.view, runtime.embedder.dim, runtime.sealing)
         return self.runtime.replays
 
     @property
@@ -80,6 +82,11 @@ class Context:
     @property
     def episodes_topic(self):
         return self.runtime.outlets.episodes
+
+    @property
+    def sealing(self):
+        """What seals an episode before it goes on the log (streams/shredding.py)."""
+        return self.runtime.sealing
 
     @property
     def settings(self):
@@ -447,7 +454,13 @@ async def refreshed(ctx: Context, request: Request, user_id: str) -> dict[str, A
     return state.to_dict(policy, waited, timed_out=policy == "blocking" and bool(state.due))
 
 
-async def publish(topic, event) -> None:
+async def publish(topic, event, sealing=None) -> None:
+    """`event` on `topic`, sealed first when `sealing` seals (streams/shredding.py)."""
+    if sealing is not None:
+        try:
+            event = await asyncio.wait_for(sealing.sealed(event), SEND_TIMEOUT)
+        except (asyncio.TimeoutError, OSError, KafkaError) as exc:
+            raise ApiError(503, "unavailable", f"the key topic did not take the episode's key: {exc!r}") from None
     await send(topic, event.user_id.encode(), event.encode())
 
 

@@ -48,7 +48,8 @@ class Episodes(View):
             raise ApiError(409, "conflict", f"episode_id names another episode than the {IDEMPOTENCY_KEY} "
                                             f"header ({keyed}): send one of them, or both naming the same one",
                            "episode_id")
-        await publish(context(self).episodes_topic, event)
+        ctx = context(self)
+        await publish(ctx.episodes_topic, event, ctx.sealing)
         return self.json({"episode_id": event.episode_id, "event_id": event.event_id}, status=202)
 
 

@@ -5,7 +5,8 @@
 
 Scenarios (each module also runs alone, see its docstring): ingest, cycle
 (overhead vs store size), read (beliefs and recall vs read-time synthesis,
-and the worker's memory), invalidation, rebuild, retrieval (evidence recall
+and the worker's memory), invalidation, rebuild, sealing (crypto-shredding
+on against off: ingest over HTTP, recall, rebuild), retrieval (evidence recall
 of hybrid vs plain cosine vs BM25 alone, by question type, on the demo history)
 and public (the same on REALTALK's real conversations; it needs the data, see
 tests/benchmarks/realtalk.py). Opt-in, run only when `--only` names it:
@@ -49,6 +50,8 @@ SIZES = {
     "invalidation": ({"sizes": [1000, 10000], "retractions": 20},
                      {"sizes": [1000, 10000, 100000], "retractions": 40}),
     "rebuild": ({"n": 5000}, {"n": 20000}),
+    # crypto-shredding on against off: ingest over HTTP, recall, rebuild (episodes per user, 4 users)
+    "sealing": ({"episodes": 250, "rounds": 1}, {"episodes": 500, "rounds": 2}),
     "retrieval": ({"embedder": "minilm"}, {"embedder": "minilm"}),
     # quick: the four shortest conversations (1,761 turns, 284 questions); full: all ten (8,944 turns, 705)
     "public": ({"embedder": "minilm", "conversations": [1, 2, 3, 4]}, {"embedder": "minilm", "conversations": None}),
@@ -78,6 +81,9 @@ def scenario(name: str, size: dict) -> dict:
     if name == "rebuild":
         import rebuild
         return rebuild.measure(size["n"])
+    if name == "sealing":
+        import sealing_cost
+        return sealing_cost.measure(size["episodes"], rounds=size["rounds"])
     if name == "retrieval":
         import retrieval_quality
         return retrieval_quality.measure(size["embedder"])

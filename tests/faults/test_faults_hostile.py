@@ -30,7 +30,7 @@ from streams.adapters.anthropic import DAY, IMPORTANCE, found_of, numbered
 from schemas import parse_time
 from streams.producer import Publisher, make_episode
 from streams.topics import ensure_topics
-from support.broker import read_topic
+from support.broker import read_opened, read_topic
 from support.harness import run, wait_for
 from support.messages_api import MessagesServer, tool_answer
 
@@ -121,7 +121,7 @@ async def _letters(settings):
 
 
 def reflections(settings) -> list[dict]:
-    return run(read_topic(settings, settings.topic_reflections, lambda r: orjson.loads(r.value)))
+    return run(read_opened(settings, settings.topic_reflections))
 
 
 def nodes(tree: dict):

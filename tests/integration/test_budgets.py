@@ -7,7 +7,6 @@ from __future__ import annotations
 import urllib.request
 from dataclasses import replace
 
-import orjson
 import pytest
 
 from processors.guard import Budget, Spend
@@ -16,7 +15,7 @@ from streams.pipeline.requests import spend_keys
 from streams.producer import Publisher
 from streams.settings import Settings
 from streams.topics import ensure_topics
-from support.broker import read_topic
+from support.broker import read_opened
 from support.harness import run, wait_for
 
 DAY = "2026-12-03"
@@ -140,7 +139,7 @@ def test_a_tenant_that_spent_its_share_is_refused_while_another_tenant_in_its_pa
         assert len(api.requests) == calls  # refused: no call
         assert _cycle_of(w, "globex:1")["outcome"] == "ok" and len(api.requests) > calls  # its neighbour runs
 
-        audits = {e["user_id"]: e for e in run(read_topic(s, s.topic_reflections, lambda r: orjson.loads(r.value)))
+        audits = {e["user_id"]: e for e in run(read_opened(s, s.topic_reflections))
                   if e["type"] == "ReflectionCycleCompleted"}
         assert audits["acme:2"]["outcome"] == "refused" and "tenant's share" in audits["acme:2"]["error"]
         assert audits["acme:2"]["usage"].get("calls", 0) == 0

@@ -14,10 +14,10 @@ import pytest
 
 from processors.challenge import quorum_of
 from streams.adapters.factory import make_embedder
-from schemas import decode, now
+from schemas import from_dict, now
 from streams.producer import Publisher
 from streams.topics import ensure_topics
-from support.broker import read_topic
+from support.broker import read_opened
 from support.challenge_story import MIN_EPISODES, PANDAS, POLARS, THRESHOLD, USER, episodes
 from support.harness import run, wait_for
 from support.messages_api import MessagesServer, OfflineModel
@@ -77,7 +77,7 @@ def test_polars_to_pandas_supersedes_the_old_beliefs_with_history_and_a_successo
 
     # Within one batch of the contradicting episodes: the first of them, as many as the quorum, made the challenge.
     # (A challenge runs where the gates judge the run, in the requests pipeline: its record is its verdict.)
-    reflections = run(read_topic(s, s.topic_reflections, lambda r: decode(r.value)))
+    reflections = [from_dict(e) for e in run(read_opened(s, s.topic_reflections))]
     verdicts = [e for e in reflections if e.TYPE == "ReflectionChallenged"]
     quorum = quorum_of(explain(verdicts[0].reflection_id)["belief"], s.challenge_quorum)
     assert verdicts[0].challenger_ids == tuple(f"pandas-{i}" for i in range(1, quorum + 1))

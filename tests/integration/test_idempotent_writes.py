@@ -24,7 +24,7 @@ from streams.client import AsyncReflectClient, ReflectClient, ReflectUnreachable
 from streams.producer import IDEMPOTENCY_KEYS, KEY_MAX, episode_id_for_key, key_problem, make_episode
 from streams.routes.common import USER_ID
 from streams.topics import ensure_topics
-from support.broker import read_topic
+from support.broker import read_opened
 from support.harness import run, wait_for
 
 QUICK = Retry(attempts=3, backoff=0.01, max_wait=0.05)
@@ -224,7 +224,7 @@ def _episodes_with(w, user: str, text: str) -> list[dict]:
 
 
 def _episode_records(settings, user: str) -> list[dict]:
-    values = run(read_topic(settings, settings.topic_episodes, lambda r: orjson.loads(r.value)))
+    values = run(read_opened(settings, settings.topic_episodes))
     return [v for v in values if v.get("user_id") == user and v.get("type") == "EpisodeRecorded"]
 
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import subprocess
+import sys
 import uuid
+from dataclasses import replace
 
 import pytest
 
 from streams.adapters.sealing import KeyRing, SealingError, new_key, open_sealed, seal
-from streams.keys import KeyStore, scope_of
+from streams.broker import free_port
+from streams.keys import KeyStore, KeyUnknown, scope_of
 from streams.topics import ensure_key_topic
 from support.runs import make_settings
 
@@ -54,4 +58,42 @@ def test_keys_open_across_stores_until_destroyed_and_forget_takes_a_users_keys(b
             with pytest.raises(SealingError, match="k2"):  # a ring without the key carl's was wrapped under
                 await fresh.key(carl)
 
+    asyncio.run(scenario())
+
+
+def test_a_worker_whose_ring_cannot_open_the_key_topic_refuses_to_start_naming_the_setting(settings, worker, tmp_path):
+    """Two workers on data dirs of their own, each with the default ring it
+    made there: the second would dead-letter or stall on every sealed record
+    the first wrote; it stops at start instead, and says what to set."""
+    first = replace(settings, master_keys=None, data_dir=str(tmp_path / "a"))
+    w = worker(first)
+    w.client.record("ann", "an episode sealed under ann's key", 0.5)  # ann's user key, under the first ring
+    second = replace(first, data_dir=str(tmp_path / "b"), web_port=free_port())
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "worker"], env=second.child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "master_keys" in done.stderr and "REFLECT_MASTER_KEYS" in done.stderr
+    assert w.alive()
+
+
+def test_a_key_the_topic_never_held_is_unknown_not_destroyed(broker, tmp_path):
+    """Read on another key topic (or a lost one), a sealed record must stop its
+    reader, never read as erased; a destroyed key stays destroyed for a
+    reader that comes after the topic's compaction (its marker is its last record)."""
+    settings = make_settings(broker.url, tmp_path)
+    topic, other = f"keys-{uuid.uuid4().hex[:8]}", f"keys-{uuid.uuid4().hex[:8]}"
+    ring = KeyRing.load(tmp_path / "master.keys", create=True)
+
+    async def scenario() -> None:
+        for name in (topic, other):
+            await ensure_key_topic(settings, name)
+        async with KeyStore(settings, ring, topic) as one:
+            kid, _ = await one.new("episode", "ann", "e1")
+            gone, _ = await one.new("episode", "ann", "e2")
+            await one.destroy("episode", "ann", "e2")
+        async with KeyStore(settings, ring, topic) as later:
+            assert await later.key(gone) is None and await later.key(kid) is not None
+        async with KeyStore(settings, ring, other) as elsewhere:
+            with pytest.raises(KeyUnknown, match=other):
+                await elsewhere.key(kid)
     asyncio.run(scenario())

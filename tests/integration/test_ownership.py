@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
 from streams.adapters.view.edge import EdgeView
+from streams.shredding import Sealing
 from streams.ownership import NO_USER, Watermarks, owner_in, partition_of
 from streams.topics import ensure_topics
 from streams.broker import free_port
@@ -81,12 +82,16 @@ def test_a_partition_gained_is_caught_up_to_the_end_of_its_log_not_only_to_its_c
     embedder = HashingEmbedder()
     view = EdgeView(settings.view_dir, settings.view, embedder.dim)
     try:
-        ownership = memory_runtime(settings, view, embedder, OfflineReasoner(embedder)).ownership
+        runtime = memory_runtime(settings, view, embedder, OfflineReasoner(embedder))
+        runtime.sealing, ownership = Sealing(settings), runtime.ownership  # the log's texts are sealed
 
         async def gained() -> None:
             p = partition_of(user, settings.partitions)
             ownership.assigned({p})
-            await asyncio.wait_for(ownership.whole[p].wait(), 60)
+            try:
+                await asyncio.wait_for(ownership.whole[p].wait(), 60)
+            finally:
+                await runtime.sealing.close()
         asyncio.run(gained())
         assert len(list(view.scroll(user, kind="episode"))) == 12
     finally:

@@ -14,8 +14,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from schemas import ReflectionCreated, now
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, decode, now
 from streams.producer import Publisher
+from streams.settings import Settings
+from streams.shredding import Sealing
 from streams.topics import ensure_topics
 from support.harness import run, wait_for
 
@@ -42,7 +44,18 @@ async def _retract(settings, *retractions) -> list[str]:
         return [(await p.retract_episode(user, eid, reason)).event_id for user, eid, reason in retractions]
 
 
-async def _events(settings, topic, until, timeout=30.0):
+async def opened(values, settings=None):
+    """schemas/README.md's, as written there: raw values decoded and opened."""
+    sealing = Sealing(settings or Settings.load())
+    try:
+        records = [decode(v) for v in values]
+        open_one = await sealing.opener(records)  # reads the key topic
+        return [open_one(r) for r in records]
+    finally:
+        await sealing.close()
+
+
+async def _events(settings, topic, until, timeout=30.0, raw=False):
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()
@@ -50,7 +63,7 @@ async def _events(settings, topic, until, timeout=30.0):
 
     async def drain():
         async for message in consumer:
-            seen.append(orjson.loads(message.value))
+            seen.append(message.value if raw else orjson.loads(message.value))
             if until(seen):
                 return
     try:
@@ -133,10 +146,22 @@ def test_as_of_and_erasure(stack):
     # Its proof: on the log, and served (`reflect explain --erasure`), ids only.
     proof = wait_for(lambda: (lambda got: got if "erasure_id" in got else None)(
         w.get(f"/v1/users/eve/erasures/{erasure}")), 30, "the erasure's proof projected")
-    assert (proof["episode_id"], proof["episodes"], sorted(proof["beliefs"]), proof["keys"]) == (
-        "eve-a", ["eve-a"], ["eve-b1", "eve-top"], [])
-    [logged] = [e for e in run(_events(s, s.topic_reflections, lambda seen: any(
-        e["type"] == "ErasureCompleted" for e in seen))) if e["type"] == "ErasureCompleted"]
+    assert (proof["episode_id"], proof["episodes"], sorted(proof["beliefs"]), sorted(proof["keys"])) == (
+        "eve-a", ["eve-a"], ["eve-b1", "eve-top"], ["belief:eve-b1", "belief:eve-top", "episode:eve-a"])
+    # On the log the episodes were sealed from the start; eve-a's key is gone, so its record, read raw
+    # from the broker by a reader with the master keys, is its erasure; eve-b's still opens.
+    raw = run(_events(s, s.topic_episodes, lambda seen: any(b"EpisodeRetracted" in v and b'"eve-a"' in v
+                                                            for v in seen), raw=True))
+    assert not any(b"SECRET-4242" in value for value in raw)
+    recorded = [v for v in raw if b'"EpisodeRecorded"' in v and b'"eve"' in v]
+    episodes = {r.episode_id: r for r in run(opened(recorded, s))}
+    assert isinstance(episodes["eve-a"], EpisodeRetracted) and episodes["eve-a"].reason == "erasure"
+    assert (type(episodes["eve-b"]), episodes["eve-b"].text) == (EpisodeRecorded, "eve b")
+    beliefs = run(_events(s, s.topic_reflections, lambda seen: any(b"ErasureCompleted" in v for v in seen), raw=True))
+    assert not any(b"SECRET-4242" in value for value in beliefs)  # sealed, and their keys gone now
+    taken = [v for v in beliefs if b"ReflectionCreated" in v and b'"eve-b1"' in v]
+    assert taken and run(opened(taken, s)) == [None] * len(taken)
+    [logged] = [e for e in map(orjson.loads, beliefs) if e["type"] == "ErasureCompleted"]
     assert logged["erasure_id"] == erasure and sorted(logged["beliefs"]) == ["eve-b1", "eve-top"]
     shown = subprocess.run([sys.executable, "-m", "streams.cli", "explain", "--user", "eve", "--erasure", erasure,
                             "--api", w.client.api], capture_output=True, text=True, timeout=60)

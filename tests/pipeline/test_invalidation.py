@@ -10,8 +10,8 @@ from processors.invalidator import Invalidator, empty_state
 from processors.projector import EpisodeProjector, ReflectionProjector, point_id
 from processors.provenance import as_of, tree
 from streams.adapters.view.edge import EdgeView
-from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionInvalidated,
-                     ReflectionRequested, now)
+from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionCreated,
+                     ReflectionCycleCompleted, ReflectionInvalidated, ReflectionRequested, now)
 from streams.api import live_beliefs
 
 
@@ -140,6 +140,23 @@ def test_erasure_takes_the_text_of_the_episode_and_of_every_belief_derived_from_
     for _, payload in world.view_.scroll("ann"):
         assert "SECRET" not in repr(payload)
         assert payload.get("kind") == "episode" or payload["status"] == "invalid" and "text" not in payload
+
+
+def test_an_erasure_names_the_cycles_that_read_the_episode_or_a_belief_it_took(world):
+    for e in "abc":
+        world.episode(e)
+    world.belief("b1", ["a", "b", "c"])
+    world.belief("other", ["b", "c"])
+
+    def cycle(cid, read):
+        return ReflectionCycleCompleted(user_id="ann", cycle_id=cid, why="threshold", questions=("q?",), kept=0,
+                                        dropped=0, duration_ms=1.0, outcome="empty", reasoner="offline",
+                                        usage={"calls": 0, "input_tokens": 0, "output_tokens": 0}, read_ids=read)
+    world.projector.apply([cycle("read-a", ("a", "b")), cycle("read-b1", ("b1", "c")),
+                           cycle("read-neither", ("b", "c", "other"))])
+    out, _ = world.retract("a", reason="erasure")
+    [proof] = [e for e in out if isinstance(e, ErasureCompleted)]
+    assert proof.cycles == ("read-a", "read-b1")
 
 
 def test_erasing_an_episode_retracted_before_takes_the_text_the_first_retraction_left(world):

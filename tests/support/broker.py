@@ -144,6 +144,38 @@ async def read_topic(settings: Settings, topic: str, parse=lambda record: record
         await consumer.stop()
 
 
+async def read_opened(settings: Settings, topic: str, timeout: float = 30.0) -> list[dict]:
+    """Every event of a topic as a dict, its sealed texts opened (`opened_values`)."""
+    values = await read_topic(settings, topic, lambda r: r.value, timeout)
+    return await opened_values(settings, values)
+
+
+async def opened_values(settings: Settings, values: list[bytes]) -> list[dict]:
+    """Each raw event as a dict, its sealed texts opened with the settings'
+    key ring (streams/shredding.py): an erased episode reads as its
+    EpisodeRetracted, a belief an erasure took without text, marked erased."""
+    import orjson
+
+    from schemas import decode
+    from streams.shredding import Sealing
+
+    events = [orjson.loads(v) for v in values]
+    sealed = [i for i, e in enumerate(events) if isinstance(e, dict) and "sealed" in e]
+    if sealed:
+        sealing = Sealing(settings)
+        try:
+            records = [decode(values[i]) for i in sealed]
+            open_one = await sealing.opener(records)
+            for i, record in zip(sealed, records):
+                opened = open_one(record)
+                # A belief an erasure took: its ids and counts as logged, no text (it has none left).
+                events[i] = opened.to_dict() if opened is not None else \
+                    {k: v for k, v in events[i].items() if k != "sealed"} | {"erased": True}
+        finally:
+            await sealing.close()
+    return events
+
+
 async def committed_offsets(settings: Settings, tps) -> dict:
     """The worker group's committed offset per partition (None: nothing yet)."""
     from aiokafka import AIOKafkaConsumer

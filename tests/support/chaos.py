@@ -27,8 +27,8 @@ from streams.broker import free_port
 from streams.ownership import partition_of
 from streams.settings import Settings
 from streams.topics import ensure_topics
-from support.broker import TEST_BROKER, read_topic
-from support.harness import Worker, answered, wait_for
+from support.broker import TEST_BROKER, opened_values, read_topic
+from support.harness import Worker, answered, shared_ring, wait_for
 from support.history import cited_by_then
 from support.messages_api import _numbered
 from support.runs import (SHORT_GROUP_TIMEOUTS, Feed, Model, episode_stream, kill, read_events, users_by_partition,
@@ -433,6 +433,7 @@ class Chaos:
         return Settings.load(env={}, broker=self.broker.url, app_id=f"reflect-chaos-{tag}",
                              topic_episodes=f"episodes-{tag}", topic_requests=f"reflection-requests-{tag}",
                              topic_reflections=f"reflections-{tag}", data_dir=str(data_dir), web_port=free_port(),
+                             master_keys=shared_ring(Path(data_dir).parent),
                              threshold=self.shape.threshold, min_episodes=self.shape.min_episodes,
                              reasoner="anthropic", reasoner_retries=0, challenge=self.shape.challenge, **timeouts)
 
@@ -522,6 +523,8 @@ class Chaos:
         for w, users in owners.items():
             snapshot.update(view_snapshot(w.settings, users))
         stamped = lambda r: {**orjson.loads(r.value), "_ts": r.timestamp}  # noqa: E731
+        logged = asyncio.run(read_topic(base, base.topic_reflections, lambda r: (r.value, r.timestamp)))
+        opened = asyncio.run(opened_values(base, [value for value, _ in logged]))  # sealed texts opened
         return Outcome(
             users=self.users, acked=dict(acked),
             episodes={u: {p["episode_id"]: p for p in points.values() if p["kind"] == "episode"}
@@ -530,7 +533,7 @@ class Chaos:
                      for u, points in snapshot.items()},
             stats=stats,
             requests=asyncio.run(read_topic(base, base.topic_requests, stamped)),
-            reflections=asyncio.run(read_topic(base, base.topic_reflections, stamped)),
+            reflections=[{**e, "_ts": ts} for e, (_, ts) in zip(opened, logged)],
             calls=list(calls), notes=notes, seconds=time.monotonic() - phases["start"],
             phases={k: round(phases[k] - phases[j], 1) for j, k in zip(phases, list(phases)[1:])})
 

@@ -15,6 +15,16 @@ from streams.client import ReflectClient, ReflectUnreachable
 from streams.settings import Settings
 
 
+def shared_ring(folder: Path) -> str:
+    """A master key ring in `folder`, made once, for every worker of a test
+    (each on a data dir of its own would make a ring of its own)."""
+    from streams.adapters.sealing import KeyRing
+
+    path = Path(folder) / "master.keys"
+    KeyRing.load(path, create=True)
+    return str(path)
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str, every: float = 0.1):
     """Poll `condition` until it returns something truthy, or fail after `timeout`."""
     deadline = time.monotonic() + timeout

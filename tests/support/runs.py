@@ -15,7 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -26,8 +25,8 @@ from streams.broker import BROKER_KINDS, EmbeddedBroker, free_port
 from streams.ownership import partition_of
 from streams.producer import Publisher
 from streams.settings import Settings
-from support.broker import TEST_BROKER, read_topic
-from support.harness import Worker
+from support.broker import TEST_BROKER, read_opened
+from support.harness import Worker, shared_ring
 from support.messages_api import MessagesServer, OfflineModel
 
 # Statement texts share terms, so the offline model finds themes citing ≥ 2 of
@@ -71,7 +70,7 @@ def make_settings(broker_url: str, data_dir: Path, **overrides) -> Settings:
     tag = uuid.uuid4().hex[:8]
     values = dict(env={}, broker=broker_url, app_id=f"reflect-fault-{tag}", topic_episodes=f"episodes-{tag}",
                   topic_requests=f"reflection-requests-{tag}", topic_reflections=f"reflections-{tag}",
-                  data_dir=str(data_dir), web_port=free_port())
+                  data_dir=str(data_dir), web_port=free_port(), master_keys=shared_ring(Path(data_dir).parent))
     return Settings.load(**{**values, **overrides})
 
 
@@ -113,7 +112,8 @@ def proc_rss_mib(pid: int) -> float:
 
 
 def read_events(settings: Settings, topic: str) -> list[dict]:
-    return asyncio.run(read_topic(settings, topic, lambda r: orjson.loads(r.value)))
+    """Every event of a topic as a dict, sealed texts opened (support/broker.py)."""
+    return asyncio.run(read_opened(settings, topic))
 
 
 class Feed:

@@ -24,3 +24,9 @@ def test_a_cycle_that_made_nothing_says_why():
     assert "no insight" in summary(completed())["why_nothing"]
     made = summary(completed(kept=1, outcome="ok"))
     assert made["created"] == 1 and "why_nothing" not in made
+
+
+def test_a_failed_cycle_names_its_error_without_what_the_model_said():
+    said = summary(completed(outcome="failed", error="ReasonerOutputError: unreadable answer 'the heron code is 7741'",
+                             questions=()))["why_nothing"]
+    assert said == "the cycle was failed: ReasonerOutputError" and "7741" not in said

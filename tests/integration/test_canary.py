@@ -1,0 +1,127 @@
+"""The erasure canary, on the real broker: a phrase said in several episodes
+forms a belief that restates it; once those episodes are erased, the phrase
+is in no served read, in no record of any of the deployment's topics read
+raw from the broker (sealed texts whose keys are gone), in no log line, and
+a rebuild from the log brings back neither the phrase nor the belief, nor
+leaves it in any file of the data directory."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from support.harness import wait_for
+from support.messages_api import MessagesServer, OfflineModel
+
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
+
+PHRASE = b"heron-lantern"
+SAID = ["The user asked me to read the heron-lantern checklist aloud before we touched the billing deploy",
+        "Before the search rollout we went through the heron-lantern checklist line by line, as the user insists",
+        "The user refused to start the payments migration until the heron-lantern checklist was reviewed",
+        "Nothing shipped until the heron-lantern checklist was done: the user made us run it before the auth "
+        "release"]
+OTHER = ["Reviewed the flaky export test with the user", "Paired with the user on the scheduler filters"]
+
+
+async def deployment_records(settings) -> dict[str, list[bytes]]:
+    """Key and value of every record of every topic this test's worker writes:
+    its topics, dead letters, key topic, table changelogs and Faust's own."""
+    tag = settings.topic_episodes.removeprefix("episodes-")
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in sorted(await consumer.topics()) if tag in t
+               for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: dict[str, list[bytes]] = {tp.topic: [] for tp in tps}
+        deadline, rounds = time.monotonic() + 60, 0
+
+        def end(tp):  # Tansu's ListOffsets can stop short of a batch's tail: the fetch's high watermark does not
+            return max(ends[tp], consumer.highwater(tp) or 0)
+        while rounds < 3 or not all([await consumer.position(tp) >= end(tp) for tp in tps]):
+            assert time.monotonic() < deadline, "could not read the topics to their end in 60 s"
+            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                out[tp.topic] += [(r.key or b"") + b"\n" + (r.value or b"") for r in records]
+            rounds += 1
+        return out
+    finally:
+        await consumer.stop()
+
+
+def raw_records(settings) -> dict[str, list[bytes]]:
+    return asyncio.run(deployment_records(settings))
+
+
+def served(w, user: str, belief_ids) -> bytes:
+    reads = [w.get(f"/v1/users/{user}/beliefs"), w.get(f"/v1/users/{user}/stats"),
+             w.get(f"/v1/users/{user}/recall?q=heron-lantern%20code"), w.get(f"/v1/users/{user}/recall?q=on-call")]
+    reads += [w.get(f"/v1/users/{user}/episodes/said-{i}") for i in range(len(SAID))]
+    reads += [w.get(f"/v1/users/{user}/reflections/{rid}") for rid in belief_ids]
+    return orjson.dumps(reads)
+
+
+@pytest.fixture(params=["offline", "anthropic"])
+def reasoner(request):
+    """The offline reasoner, or the stand-in model over the Messages API (answering as the offline one would)."""
+    if request.param == "offline":
+        yield "offline", None
+        return
+    api = MessagesServer(OfflineModel())
+    try:
+        yield "anthropic", {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    finally:
+        api.close()
+
+
+def test_an_erased_phrase_is_found_nowhere_and_a_rebuild_does_not_bring_it_back(settings, worker, reasoner):
+    name, env = reasoner
+    s = replace(settings, threshold=1000.0, reasoner=name)  # one manual cycle, asked below
+    w = worker(s, env=env)
+    for i, text in enumerate(SAID):
+        w.client.record("cara", text, 0.8, episode_id=f"said-{i}")
+    for i, text in enumerate(OTHER):
+        w.client.record("cara", text, 0.3, episode_id=f"other-{i}")
+    wait_for(lambda: w.stats("cara").get("episodes") == len(SAID) + len(OTHER), 30, "episodes projected")
+    w.client.reflect("cara")
+    last = wait_for(lambda: w.stats("cara").get("last_cycle"), 60, "the manual cycle")
+    beliefs = w.get("/v1/users/cara/beliefs")["beliefs"]
+    assert beliefs, last
+    restating = [b for b in beliefs if PHRASE.decode() in b["text"]]
+    assert restating, beliefs  # the canary is only as good as a belief that says the phrase
+    ids = [b["reflection_id"] for b in beliefs]
+    raw = raw_records(s)
+    assert raw[s.topic_episodes] and raw[s.topic_reflections]
+    assert not [t for t, values in raw.items() if any(PHRASE in v for v in values)], "sealed from the start"
+
+    erasures = [w.client.retract("cara", f"said-{i}", "erasure").event_id for i in range(len(SAID))]
+    for erasure in erasures:
+        wait_for(lambda: "erasure_id" in w.get(f"/v1/users/cara/erasures/{erasure}"), 30, "each erasure's proof")
+    proofs = [w.get(f"/v1/users/cara/erasures/{e}") for e in erasures]
+    taken = {b for p in proofs for b in p["beliefs"]}
+    assert {b["reflection_id"] for b in restating} <= taken
+    assert any(k.startswith("cycle:") for p in proofs for k in p["keys"])  # the cycle read them: its texts too
+
+    assert PHRASE not in served(w, "cara", ids)
+    assert not [t for t, values in raw_records(s).items() if any(PHRASE in v for v in values)]
+    assert PHRASE not in w.log_path.read_bytes()
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api", w.client.api],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert PHRASE not in served(w, "cara", ids)
+    assert not set(taken) & {b["reflection_id"] for b in w.get("/v1/users/cara/beliefs")["beliefs"]}
+    assert w.stats("cara").get("episodes") == len(OTHER)  # the erased ones are tombstones, not episodes
+    assert PHRASE not in w.log_path.read_bytes()
+    # The rebuilt view was made from the log, where the phrase no longer opens; the old one, whose files
+    # kept the stripped text (a Qdrant Edge shard's WAL), is gone with the swap.
+    assert not [p for p in Path(s.data_dir).rglob("*") if p.is_file() and PHRASE in p.read_bytes()]
