@@ -87,7 +87,7 @@ class KeyStore:
                 raise SealingError(f"no key topic {self.topic}: create it first (reflect topics create)")
             self._consumer.assign(self._tps)
             await self._consumer.seek_to_beginning(*self._tps)
-            await self.refresh()
+            await self.refresh(fetch=True)
         except BaseException:
             await self.__aexit__()
             raise
@@ -97,12 +97,19 @@ class KeyStore:
         await self._consumer.stop()
         await self._producer.stop()
 
-    async def refresh(self) -> None:
-        """The key topic read to its end as it is now: every key made, less every key destroyed."""
+    async def refresh(self, fetch: bool = False) -> None:
+        """The key topic read to its end as it is now: every key made, less
+        every key destroyed. Tansu's ListOffsets can end short of a batch of
+        several records, the high watermark of a fetch does not: `fetch`
+        makes one even when ListOffsets says nothing is new."""
         async with self._reading:
             ends = await self._consumer.end_offsets(self._tps)
             deadline = time.monotonic() + READ_TIMEOUT
-            while not all([await self._consumer.position(tp) >= end for tp, end in ends.items()]):
+
+            def end(tp):
+                return max(ends[tp], self._consumer.highwater(tp) or 0)
+            while fetch or not all([await self._consumer.position(tp) >= end(tp) for tp in self._tps]):
+                fetch = False
                 for records in (await self._consumer.getmany(*self._tps, timeout_ms=200)).values():
                     for r in records:
                         kid = r.key.decode()
@@ -114,10 +121,12 @@ class KeyStore:
                     raise TimeoutError(f"could not read the key topic {self.topic} to its end in {READ_TIMEOUT} s")
 
     async def fetch(self, kids) -> None:
-        """Ready to unwrap `kids`: the topic read again once, when one is not
-        held (made since the last refresh, or destroyed)."""
-        if any(kid not in self.wrapped and kid not in self.destroyed for kid in kids):
-            await self.refresh()
+        """Ready to unwrap `kids`: the topic read again when one is not held
+        (made, or destroyed, since the last refresh)."""
+        for fetch in (False, True):
+            if all(kid in self.wrapped or kid in self.destroyed for kid in kids):
+                return
+            await self.refresh(fetch)
 
     async def new(self, kind: str, user_id: str, record: str) -> tuple[str, bytes]:
         """A new data key for an episode or a belief, wrapped under a version
@@ -150,7 +159,7 @@ class KeyStore:
     async def destroy(self, kind: str, user_id: str, record: str = "") -> list[str]:
         """Every version of the scope tombstoned — for kind `user`, every key
         of the user: what they wrapped no longer opens anywhere; their ids."""
-        await self.refresh()
+        await self.refresh(fetch=True)  # every version of the scope
         gone = sorted(kid for kid in self._of_user.get(user_id, ())
                       if kind == "user" or scope_of(kid)[::2] == (kind, record))
         await self._tombstones(gone)
