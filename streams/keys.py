@@ -129,12 +129,22 @@ class KeyStore:
             await self.refresh(fetch)
 
     async def new(self, kind: str, user_id: str, record: str) -> tuple[str, bytes]:
-        """A new data key for an episode or a belief, wrapped under a version
-        of the user's key (made first if the user has none)."""
+        """A new data key for an episode, a belief or a cycle, wrapped under a
+        version of the user's key (made first if the user has none); once
+        the broker has acknowledged it."""
+        kid, key, acked = await self.sending(kind, user_id, record)
+        await acked
+        return kid, key
+
+    async def sending(self, kind: str, user_id: str, record: str) -> tuple[str, bytes, asyncio.Future]:
+        """As `new`, with the broker's acknowledgement still to come: nothing
+        the key seals may be sent before it (a reader would not find the key)."""
         parent_kid, parent = await self._user_key(user_id)
         kid, key = key_id(kind, user_id, record), new_key()
-        await self._put(kid, wrap_under(parent, parent_kid, key, kid))
-        return kid, key
+        wrapped = wrap_under(parent, parent_kid, key, kid)
+        acked = await self._producer.send(self.topic, key=kid.encode(), value=orjson.dumps(wrapped.to_dict()))
+        self._hold(kid, wrapped)
+        return kid, key, acked
 
     async def key(self, kid: str) -> bytes | None:
         """The key, or None: destroyed (it, or its user's key)."""

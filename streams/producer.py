@@ -7,6 +7,7 @@ connection is made, so bad input never reaches the broker.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from typing import Any
@@ -83,6 +84,7 @@ class Publisher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sealing = Sealing(settings)  # an episode's text goes on the log sealed (streams/shredding.py)
+        self._handing: asyncio.Future | None = None  # the last event being handed to the producer
         # Not idempotent: aiokafka's idempotent producer fails on Tansu
         # (InitProducerId); duplicates are absorbed by idempotent consumers.
         self._producer = AIOKafkaProducer(**client_options(settings), acks="all",
@@ -97,20 +99,38 @@ class Publisher:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._producer.stop()
-        await self.sealing.close()
+        try:
+            if self._handing is not None and exc[0] is None:
+                await self._handing  # what was published without waiting is handed over, as before the stop
+        finally:
+            await self._producer.stop()
+            await self.sealing.close()
 
     async def publish(self, event: Event, topic: str | None = None, wait: bool = True) -> Event:
-        """`event` on the log (an episode sealed first); returns it as given."""
+        """`event` on the log (an episode sealed first); returns it as given.
+        Without `wait`, many are in flight at once: their keys go out
+        together, and each event is handed to the producer once its key is
+        acknowledged and the one published before it was handed over (the
+        order of a user's events is kept); `flush` waits for all."""
         event.encode()  # raises ContractError naming the field, before any key is made
-        value = (await self.sealing.sealed(event)).encode()
-        future = await self._producer.send(topic or self.settings.topic_episodes, value=value,
-                                           key=event.user_id.encode())
+        sealed, key_acked = await self.sealing.sealing(event)
+        before = self._handing
+
+        async def hand_over() -> asyncio.Future:
+            if key_acked is not None:
+                await key_acked
+            if before is not None:
+                await before  # (a failure before this one fails this one too: nothing sent out of order)
+            return await self._producer.send(topic or self.settings.topic_episodes, value=sealed.encode(),
+                                             key=event.user_id.encode())
+        self._handing = asyncio.ensure_future(hand_over())
         if wait:
-            await future
+            await (await self._handing)
         return event
 
     async def flush(self) -> None:
+        if self._handing is not None:
+            await self._handing
         await self._producer.flush()
 
     async def publish_episode(self, user_id: str, text: str, importance: float, *, wait: bool = True,

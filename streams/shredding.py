@@ -117,13 +117,22 @@ class Sealing:
             self._store = None
 
     async def sealed(self, event: Event) -> Event:
-        """`event` as it goes on the log: an episode's or a belief's text sealed
-        under a new key of its own, when sealing is on."""
+        """`event` as it goes on the log: an episode's, a belief's or a
+        cycle's text sealed under a new key of its own, when sealing is on;
+        once the key is on the key topic."""
+        sealed, acked = await self.sealing(event)
+        if acked is not None:
+            await acked
+        return sealed
+
+    async def sealing(self, event: Event) -> tuple[Event, asyncio.Future | None]:
+        """As `sealed`, with its key's acknowledgement still to come (None:
+        nothing was sealed), for a writer that keeps many in flight."""
         how = SEALABLE.get(type(event))
         if not self.writes or how is None or getattr(event, "sealed") is not None:
-            return event
-        kid, key = await (await self.store()).new(how.kind, event.user_id, getattr(event, how.record))
-        return seal_event(event, kid, key)
+            return event, None
+        kid, key, acked = await (await self.store()).sending(how.kind, event.user_id, getattr(event, how.record))
+        return seal_event(event, kid, key), acked
 
     async def opener(self, records: Iterable[Any]) -> Callable[[Any], Any]:
         """What opens each of `records` (its keys fetched here, the key
