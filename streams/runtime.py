@@ -94,8 +94,13 @@ class Outlets:
         await asyncio.gather(*sent)
 
     async def sealed(self, events: Iterable[Event]) -> list[Event]:
-        """The events as they go on the log: a belief's text sealed (streams/shredding.py)."""
-        return [await self.sealing.sealed(e) for e in events] if self.sealing else list(events)
+        """The events as they go on the log: a belief's or a cycle's text
+        sealed (streams/shredding.py), their keys acknowledged together."""
+        if not self.sealing:
+            return list(events)
+        sealing = [await self.sealing.sealing(e) for e in events]
+        await asyncio.gather(*(acked for _, acked in sealing if acked is not None))
+        return [sealed for sealed, _ in sealing]
 
     async def dead_letter(self, message, error: BaseException, stage: str) -> None:
         log.warning("dead-lettered %s[%s]@%s at %s: %s", message.topic, message.partition, message.offset, stage,
