@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested, parse_time
+from schemas import (EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested,
+                     UserForgotten, parse_time)
 
 WINDOW = 100
 
@@ -90,6 +91,8 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
         return replace(acc, recent=tuple(r for r in acc.recent if r["id"] != event.episode_id)), None
     if isinstance(event, ReflectionRequested):
         return forward(acc, event)
+    if isinstance(event, UserForgotten):
+        return number(forgotten(acc), event)
     if not isinstance(event, EpisodeRecorded) or acc.holds(event.episode_id):
         return acc, None
     record = {"id": event.episode_id, "kind": "episode", "occurred_at": event.occurred_at}
@@ -129,9 +132,19 @@ def forward(acc: Accumulator, manual: ReflectionRequested) -> tuple[Accumulator,
     return number(acc, replace(manual, window_episode_ids=_window(acc), window_reflection_ids=()))
 
 
+def forgotten(acc: Accumulator) -> Accumulator:
+    """The user forgotten: nothing they said counts any more. The numbering
+    goes on — sequences tell a redelivered request, and cycle ids name keys
+    and stored outcomes, so a new one must never be an old one's."""
+    return Accumulator(cycles=acc.cycles, asked=acc.asked, gate_runs=acc.gate_runs, forwarded=acc.forwarded,
+                       asked_by=acc.asked_by, asked_at=acc.asked_at, applied=acc.applied)
+
+
 def kind_of(request) -> str:
     if isinstance(request, InvalidationRequested):
         return "invalidation"
+    if isinstance(request, UserForgotten):
+        return "forget"
     return getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
 
 

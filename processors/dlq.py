@@ -8,16 +8,17 @@ import re
 from schemas import (ChallengeRequested, ContractError, EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event,
                      GateRequested, InvalidationRequested, ReflectionChallenged, ReflectionCreated,
                      ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced, ReflectionRequested,
-                     ReflectionStaled, decode)
+                     ReflectionStaled, UserForgotten, decode)
 
 
 # The event types each topic carries; anything else there is bad input.
 # A manual ReflectionRequested rides on the user's episodes partition, so the
-# accumulator forwards it in stream order (processors/accumulator.py).
-ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested)
+# accumulator forwards it in stream order (processors/accumulator.py); so
+# does a UserForgotten.
+ON_EPISODES = (EpisodeRecorded, EpisodeRetracted, ReflectionRequested, UserForgotten)
 ON_REFLECTIONS = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionCycleCompleted,
                   ReflectionChallenged, ReflectionStaled, ErasureCompleted)
-ON_REQUESTS = (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested)
+ON_REQUESTS = (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested, UserForgotten)
 
 
 def carried(settings) -> dict[str, tuple[type, ...]]:

@@ -163,8 +163,8 @@ class VectorStore(Protocol):
         """Every user the view holds a point of (the engine's facet on user_id)."""
         ...
 
-    def forget(self, user_ids: Sequence[str]) -> None:
-        """Every point of these users gone, vectors, payloads and all."""
+    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None) -> None:
+        """Every point of these users gone (with `kinds`, of those kinds), vectors, payloads and all."""
         ...
 
     def flush(self) -> None: ...

@@ -4,7 +4,8 @@ Point ids are UUIDv5 of (kind, user, record id): a redelivery or a replay
 writes the same points again and the view is unchanged. The user is part of
 the name so two tenants that reuse an episode id never share a point.
 A retraction is terminal: a later (redelivered or reordered) EpisodeRecorded
-of a retracted episode never brings its text back.
+of a retracted episode never brings its text back. So is a forget, for what
+was logged before it (`forgotten_point`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from typing import Any, Callable, Sequence
 from processors.ports import GONE, POSITION, Embedder, VectorStore, ViewPoint
 from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, Event, ReflectionChallenged,
                      ReflectionCreated, ReflectionCycleCompleted, ReflectionInvalidated, ReflectionReinforced,
-                     ReflectionStaled)
+                     ReflectionStaled, UserForgotten)
 
 POINTS = uuid.UUID("6f3c9a52-6b1e-4d55-9a8e-6c1f4e0b7a11")  # namespace of view point ids
-EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted)
+EPISODE_TYPES = (EpisodeRecorded, EpisodeRetracted, UserForgotten)
 REFLECTION_TYPES = (ReflectionCreated, ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged,
                     ReflectionStaled, ErasureCompleted, ReflectionCycleCompleted)
 CHANGES = (ReflectionReinforced, ReflectionInvalidated, ReflectionChallenged, ReflectionStaled)  # of a projected belief
+FORGOTTEN_WITH_USER = (ReflectionCreated, ReflectionCycleCompleted, *CHANGES)  # not the proofs of erasures
 
 
 def point_id(kind: str, user_id: str, record_id: str) -> str:
@@ -35,6 +37,36 @@ def point_id(kind: str, user_id: str, record_id: str) -> str:
 def episode_point(event: Any) -> str:
     """The point of an episode event (EpisodeRecorded, EpisodeRetracted)."""
     return point_id("episode", event.user_id, event.episode_id)
+
+
+def forgotten_point(user_id: str) -> str:
+    """The marker of a user's latest forget: no vector, found by id. An
+    EpisodeRecorded logged before its `before` is never projected again,
+    however late a batch that opened it before the keys were destroyed
+    comes (streams/pipeline/requests.py)."""
+    return point_id("forgotten", user_id, "")
+
+
+def forgotten_payload(event: UserForgotten, before: int | None, reflections_before: int | None = None) -> dict:
+    """`before`, `reflections_before`: past the last record the user's old
+    life has in their partition of `episodes`, of `reflections`."""
+    return {"user_id": event.user_id, "kind": "forgotten", "forget_id": event.event_id, "before": before,
+            "reflections_before": reflections_before, "occurred_at": event.occurred_at}
+
+
+def remembered(events: Sequence[Event], positions: Sequence[int] | None, markers: dict[str, dict],
+               topic_before: str, forgets: tuple[type, ...]) -> tuple[list[Event], list[int] | None]:
+    """The events, and their positions, less those of type `forgets` logged
+    before their user's latest forget (`markers`: the view's, by point id;
+    `topic_before`: the marker's field for this topic)."""
+    if not positions or not markers:
+        return list(events), None if positions is None else list(positions)
+
+    def forgotten(event: Event, at: int | None) -> bool:
+        before = markers.get(forgotten_point(event.user_id), {}).get(topic_before)
+        return isinstance(event, forgets) and at is not None and before is not None and at < before
+    kept = [(e, at) for e, at in zip(events, positions) if not forgotten(e, at)]
+    return [e for e, _ in kept], [at for _, at in kept]
 
 
 @dataclass
@@ -151,6 +183,9 @@ class Projected:
     upserted: int = 0
     retracted: int = 0
 
+    def __add__(self, other: "Projected") -> "Projected":
+        return Projected(self.upserted + other.upserted, self.retracted + other.retracted)
+
 
 class EpisodeProjector:
     """Applies batches of validated episode events to the view (the I/O shell).
@@ -160,7 +195,8 @@ class EpisodeProjector:
     which runs after the cycles asked before the erasure: they still read the
     text, so an erasure does not make beliefs depend on timing, and no read
     serves the episode meanwhile. A replay (a rebuild, a catch-up) takes it
-    at once: its walk ran already, or runs on this view."""
+    at once: its walk ran already, or runs on this view. The same goes for a
+    forget (UserForgotten)."""
 
     def __init__(self, view: VectorStore, embedder: Embedder, erase_now: bool = True,
                  unseen: Callable[[str], bool] | None = None) -> None:
@@ -175,7 +211,11 @@ class EpisodeProjector:
         at, so a redelivery or a retried write never moves it later."""
         if not events:
             return Projected()
-        known = self.view.get(list({episode_point(e) for e in events}))
+        if any(isinstance(e, UserForgotten) for e in events):
+            return self._around_forgets(events, positions)
+        held = self.view.get(list({*map(episode_point, events), *(forgotten_point(e.user_id) for e in events)}))
+        events, positions = remembered(events, positions, held, "before", (EpisodeRecorded,))
+        known = {pid: p for pid, p in held.items() if p.get("kind") == "episode"}
         retracted = {pid for pid, p in known.items() if p.get("status") == "retracted"}
         plan = plan_episodes(events, retracted)
         first = first_positions(events, positions, known)
@@ -198,6 +238,28 @@ class EpisodeProjector:
         # No flush per batch: Qdrant Edge writes each update to its WAL first,
         # which survived SIGKILL here; flushing every batch halved throughput.
         return Projected(len(plan.upserts), len(plan.retractions))
+
+    def _around_forgets(self, events: Sequence[Event], positions: Sequence[int] | None) -> Projected:
+        """The batch in the runs between its forgets, each forget where it was logged."""
+        done, run, at = Projected(), [], list(positions) if positions else [None] * len(events)
+        for event, position in zip(events, at):
+            if isinstance(event, UserForgotten):
+                done += self.apply([e for e, _ in run], [p for _, p in run] if positions else None)
+                run = []
+                if self.erase_now:
+                    self.forget(event, position)
+            else:
+                run.append((event, position))
+        return done + self.apply([e for e, _ in run], [p for _, p in run] if positions else None)
+
+    def forget(self, event: UserForgotten, before: int | None) -> None:
+        """The user's episodes logged before the forget, gone (a replay: the
+        live path's forget runs in the user's request order, and destroys the
+        keys, so the user's beliefs and cycles never come back in a replay)."""
+        self.view.forget([event.user_id], kinds=["episode"])
+        pid = forgotten_point(event.user_id)
+        if self.view.get([pid]).get(pid, {}).get("forget_id") != event.event_id:  # the live forget's says more
+            self.view.upsert([ViewPoint(pid, None, forgotten_payload(event, before))])
 
     def _hidden(self, event: EpisodeRecorded, payload: dict) -> dict:
         """As if retracted where it was logged: a cycle asked before never saw
@@ -274,10 +336,11 @@ def reflection_payload(event: ReflectionCreated) -> dict:
 
 
 def erasure_payload(event: ErasureCompleted) -> dict:
-    return {"user_id": event.user_id, "kind": "erasure", "erasure_id": event.erasure_id,
-            "episode_id": event.episode_id, "episodes": list(event.episodes), "beliefs": list(event.beliefs),
-            "keys": list(event.keys), "cycles": list(event.cycles), "occurred_at": event.occurred_at,
-            "completed_at": event.recorded_at}
+    payload = {"user_id": event.user_id, "kind": "erasure", "erasure_id": event.erasure_id, "scope": event.scope,
+               "episode_id": event.episode_id, "episodes": list(event.episodes), "beliefs": list(event.beliefs),
+               "keys": list(event.keys), "cycles": list(event.cycles), "occurred_at": event.occurred_at,
+               "completed_at": event.recorded_at}
+    return payload if event.points is None else {**payload, "points": event.points}
 
 
 def cycle_payload(event: ReflectionCycleCompleted) -> dict:
@@ -393,7 +456,12 @@ class ReflectionProjector:
         self.embedder = embedder
 
     def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> int:
-        """`positions` as for episodes, unused: beliefs are ordered by their cycles."""
+        """`positions`: each event's offset in `reflections`, if read from
+        there: what a forget took is not brought back by a batch read before
+        it and projected after (`forgotten_point`)."""
+        if positions:
+            markers = self.view.get(list({forgotten_point(e.user_id) for e in events}))
+            events, _ = remembered(events, positions, markers, "reflections_before", FORGOTTEN_WITH_USER)
         created = {point_id("reflection", e.user_id, e.reflection_id): e
                    for e in events if isinstance(e, ReflectionCreated)}
         known = self.view.get(list(created))

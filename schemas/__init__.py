@@ -36,6 +36,7 @@ EVENT_TYPES = (
     "InvalidationRequested",
     "GateRequested",
     "ErasureCompleted",
+    "UserForgotten",
 )
 PAYLOAD = "(payload)"  # the field name used when the bytes themselves are wrong
 # Levels of objects and arrays in one event, the event object itself included.
@@ -282,18 +283,33 @@ class ReflectionStaled(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ErasureCompleted(Event):
-    """The proof of an erasure (an EpisodeRetracted with reason erasure),
-    published once its walk is done: what it took the text of — the episode,
-    if the view held it, and every belief invalidated for resting on it, at
-    any depth the walk reaches — and the key scopes destroyed (its text on
-    the log no longer opens). Ids only: it carries no text."""
+    """The proof of an erasure (an EpisodeRetracted with reason erasure, or a
+    UserForgotten), published once it is carried out: what it took the text
+    of — for an episode's, the episode, if the view held it, and every belief
+    invalidated for resting on it, at any depth the walk reaches; for a
+    user's, how many points left the view — and the key scopes destroyed
+    (its text on the log no longer opens). Ids only: it carries no text."""
     TYPE: ClassVar[str] = "ErasureCompleted"
-    erasure_id: str  # the EpisodeRetracted's event id
-    episode_id: str
+    erasure_id: str  # the EpisodeRetracted's (or UserForgotten's) event id
+    episode_id: str | None = None  # None when a whole user was forgotten
     episodes: tuple[str, ...]  # episodes whose text and vector left the view
     beliefs: tuple[str, ...]  # beliefs invalidated, their text and vector gone
-    keys: tuple[str, ...] = ()  # key scopes destroyed: episode:<id>, belief:<id>, cycle:<id>
+    keys: tuple[str, ...] = ()  # key scopes destroyed: episode:<id>, belief:<id>, cycle:<id>, user:<id>
     cycles: tuple[str, ...] = ()  # cycles that read the episode or a belief it took
+    scope: str = "episode"  # episode | user (`reflect forget`)
+    points: int | None = None  # a user's: the points that left the view
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserForgotten(Event):
+    """Everything of a user forgotten (`reflect forget`, DELETE /v1/users/{user}).
+    Put on `episodes`, so that it is in the user's stream order, and forwarded
+    to the reflector's queue numbered among the user's requests: carried out
+    after the cycles asked before it (streams/pipeline/requests.py)."""
+    TYPE: ClassVar[str] = "UserForgotten"
+    event_id: str = field(default_factory=lambda: f"forget:{new_id()}")
+    sequence: int | None = None
+    position: int | None = None  # its offset in the user's partition of `episodes`
 
 
 RECORDS: dict[str, type[Event]] = {
@@ -312,6 +328,7 @@ RECORDS: dict[str, type[Event]] = {
         InvalidationRequested,
         GateRequested,
         ErasureCompleted,
+        UserForgotten,
     )
 }
 assert tuple(RECORDS) == EVENT_TYPES

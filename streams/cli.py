@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     retract.add_argument("--reason", default="incorrect",
                          help="incorrect, erasure, duplicate, superseded or other")
 
+    forget = commands.add_parser("forget", **settings_options, help=(
+        "publish a UserForgotten: every key of the user destroyed, so all they said reads as erased everywhere"))
+    forget.add_argument("--user", required=True)
+
     commands.add_parser("worker", **settings_options,
                         help="run the stream worker (every processor and the HTTP API) in the foreground")
     up = commands.add_parser("up", **settings_options, help=(
@@ -83,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     shown = explain.add_mutually_exclusive_group(required=True)
     shown.add_argument("--reflection-id", help="a belief, with its provenance")
     shown.add_argument("--erasure", metavar="ID", help=(
-        "an erasure (its retraction's event id): the episodes and beliefs it took the text of, the keys destroyed"))
+        "an erasure (its retraction's or forget's event id): what it took the text of, the keys destroyed"))
     explain.add_argument("--json", action="store_true", help="print the API's answer as JSON")
     rebuild = commands.add_parser("rebuild", help=(
         "replay episodes and reflections into a fresh view in the running worker, then swap it in"))
@@ -279,6 +283,8 @@ def _run(args: argparse.Namespace) -> int:
         return with_broker_errors(settings, _send(settings, args))
     if args.command == "retract":
         return with_broker_errors(settings, _retract(settings, args))
+    if args.command == "forget":
+        return with_broker_errors(settings, _forget(settings, args))
     if args.command == "worker":
         return _worker(settings)
     if args.command == "dlq":
@@ -350,6 +356,16 @@ async def _retract(settings: Settings, args: argparse.Namespace) -> int:
 
     event = await retract_episode(settings, args.user, args.episode_id, args.reason)
     print(event.event_id)
+    return 0
+
+
+async def _forget(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.producer import forget_user
+
+    event = await forget_user(settings, args.user)
+    print(event.event_id)
+    print(f"carried out once the worker reaches it: reflect explain --user {args.user} --erasure {event.event_id}",
+          file=sys.stderr)
     return 0
 
 

@@ -184,6 +184,12 @@ class _Api:
         return self._send(_Call("POST", _user(user, "episodes", episode_id, "retract"), Accepted.from_json,
                                 body={"reason": reason}))
 
+    def forget(self, user: str) -> Accepted:
+        """Forget everything of the user: every key destroyed, every point
+        dropped, in the user's request order. `.event_id` names the forget;
+        `erasure(user, event_id)` serves its proof once it is carried out."""
+        return self._send(_Call("DELETE", _user(user), Accepted.from_json))
+
     def reflect(self, user: str) -> Accepted:
         """Ask for a manual reflection cycle now; `.cycle_id` names it. The
         request is named before the first try, so a retry asks for the same

@@ -20,7 +20,9 @@ it sealed (compaction keeps the last record per key, so a rewrite would
 orphan what the first sealed).
 
 Each store reads the whole topic at start and follows it on each miss (a
-key is produced, and acknowledged, before anything it seals).
+key is produced, and acknowledged, before anything it seals), and, when it
+seals, at least every FRESH seconds: a user key destroyed by another
+process (a forget) is not sealed under for longer than that.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from streams.security import client_options
 
 KINDS = ("user", "episode", "belief", "cycle")
 READ_TIMEOUT = 30.0  # seconds to read the key topic to its end
+FRESH = 1.0  # seconds a writer seals under a user key without reading what was destroyed since
 
 
 def key_id(kind: str, user_id: str, record: str = "", version: str | None = None) -> str:
@@ -76,6 +79,7 @@ class KeyStore:
         self._sealing_under: dict[str, tuple[str, bytes]] = {}  # user → (id, key) of the user key in use
         self._tps: list[TopicPartition] = []
         self._reading = asyncio.Lock()  # one refresh at a time: a consumer reads for one caller
+        self._read_at = 0.0  # when the topic was last read to its end (monotonic)
 
     async def __aenter__(self) -> "KeyStore":
         try:
@@ -119,6 +123,7 @@ class KeyStore:
                             self._hold(kid, Sealed.of(orjson.loads(r.value)))
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"could not read the key topic {self.topic} to its end in {READ_TIMEOUT} s")
+            self._read_at = time.monotonic()
 
     async def fetch(self, kids) -> None:
         """Ready to unwrap `kids`: the topic read again when one is not held
@@ -177,6 +182,8 @@ class KeyStore:
 
     async def _user_key(self, user_id: str) -> tuple[str, bytes]:
         """The version of the user's key that new keys go under: the same one while it lasts."""
+        if time.monotonic() - self._read_at > FRESH:
+            await self.refresh()  # a version destroyed since (a forget) is dropped from `_sealing_under`
         if user_id in self._sealing_under:
             return self._sealing_under[user_id]
         held = self._user_versions(user_id)

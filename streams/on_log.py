@@ -37,6 +37,26 @@ class Log:
         ends = await asyncio.wait_for(self.app.consumer.highwaters(tp), READ_TIMEOUT)
         return ends.get(tp) or 0
 
+    async def past_end(self, topic: str, partition: int) -> int:
+        """At or past the partition's last record, unlike `end`: ListOffsets
+        raised to the high watermark a fetch reports (Tansu's ListOffsets
+        answers a batch's base offset). Every record written before the
+        call is before it."""
+        return await asyncio.wait_for(self._past_end(TopicPartition(topic, partition)), READ_TIMEOUT)
+
+    async def _past_end(self, tp: TopicPartition) -> int:
+        consumer = AIOKafkaConsumer(**client_options(self.settings), enable_auto_commit=False, fetch_max_wait_ms=100)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            consumer.seek(tp, end)
+            while consumer.highwater(tp) is None:  # a fetch answered: its high watermark is known
+                await consumer.getmany(tp, timeout_ms=100, max_records=1)
+            return max(end, consumer.highwater(tp))
+        finally:
+            await consumer.stop()
+
     async def holds(self, topic: str, partition: int, since: int, event_ids: Iterable[str]) -> set[str]:
         """Which of `event_ids` the partition holds from offset `since` on."""
         return await asyncio.wait_for(self._read(TopicPartition(topic, partition), since, set(event_ids)),

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from schemas import ContractError, EpisodeRecorded, EpisodeRetracted, Event, now
+from schemas import ContractError, EpisodeRecorded, EpisodeRetracted, Event, UserForgotten, now
 from streams.security import client_options
 from streams.settings import Settings
 from streams.shredding import Sealing
@@ -74,6 +74,12 @@ def make_retraction(user_id: str, episode_id: str, reason: str = "incorrect", *,
                     occurred_at: str | None = None) -> EpisodeRetracted:
     event = EpisodeRetracted(user_id=user_id, episode_id=episode_id, reason=reason,
                              occurred_at=occurred_at or now())
+    event.encode()
+    return event
+
+
+def make_forget(user_id: str) -> UserForgotten:
+    event = UserForgotten(user_id=user_id)
     event.encode()
     return event
 
@@ -148,6 +154,12 @@ async def publish_episode(settings: Settings, user_id: str, text: str, importanc
     event = make_episode(user_id, text, importance, **fields)
     async with Publisher(settings) as publisher:
         return await publisher.publish(event)
+
+
+async def forget_user(settings: Settings, user_id: str) -> UserForgotten:
+    """Everything of the user forgotten, once the worker carries it out (its proof: ErasureCompleted)."""
+    async with Publisher(settings) as publisher:
+        return await publisher.publish(make_forget(user_id))
 
 
 async def retract_episode(settings: Settings, user_id: str, episode_id: str,

@@ -22,14 +22,20 @@ def render(node: dict[str, Any], indent: str = "") -> list[str]:
     return lines
 
 
+def erasure_lines(proof: dict) -> list[str]:
+    keys = f"  keys destroyed: {len(proof['keys'])}: {', '.join(proof['keys']) or '-'}"
+    if proof.get("scope") == "user":
+        return [f"user {proof['user_id']} forgotten ({proof['erasure_id']}), completed {proof['completed_at']}",
+                f"  points gone from the view: {proof.get('points', 0)}", keys]
+    return [f"erasure {proof['erasure_id']} of episode {proof['episode_id']}, completed {proof['completed_at']}",
+            f"  text gone from {len(proof['episodes'])} episode(s): {', '.join(proof['episodes']) or '-'}",
+            f"  beliefs invalidated, text gone: {len(proof['beliefs'])}: {', '.join(proof['beliefs']) or '-'}", keys]
+
+
 def explain(client: ReflectClient, args) -> int:
     if args.erasure:
         proof = client.erasure(args.user, args.erasure)
-        print(json.dumps(proof, indent=2) if args.json else
-              f"erasure {proof['erasure_id']} of episode {proof['episode_id']}, completed {proof['completed_at']}\n"
-              f"  text gone from {len(proof['episodes'])} episode(s): {', '.join(proof['episodes']) or '-'}\n"
-              f"  beliefs invalidated, text gone: {len(proof['beliefs'])}: {', '.join(proof['beliefs']) or '-'}\n"
-              f"  keys destroyed: {len(proof['keys'])}: {', '.join(proof['keys']) or '-'}")
+        print(json.dumps(proof, indent=2) if args.json else "\n".join(erasure_lines(proof)))
         return 0
     found = client.explain(args.user, args.reflection_id)
     print(json.dumps(found.raw, indent=2) if args.json else "\n".join(render(found.provenance)))

@@ -16,7 +16,8 @@ import faust
 from processors.dlq import ON_REFLECTIONS, dead_letter_headers, redacted
 from processors.guard import Breaker, Budget, Tally
 from processors.ports import Embedder, Reasoner, VectorStore
-from schemas import ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionRequested
+from schemas import (ChallengeRequested, Event, GateRequested, InvalidationRequested, ReflectionRequested,
+                     UserForgotten)
 from streams import metrics
 from streams.ownership import Ownership
 from streams.pipeline.policy import Backoff, Health, Policy
@@ -80,7 +81,8 @@ class Outlets:
                     settings.topic_requests: raw(settings.dlq_reflections)}
 
     def topic_of(self, event: Event):
-        if isinstance(event, (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested)):
+        if isinstance(event, (ReflectionRequested, ChallengeRequested, InvalidationRequested, GateRequested,
+                              UserForgotten)):  # forwarded: only the accumulator publishes these
             return self.requests
         return self.reflections if isinstance(event, ON_REFLECTIONS) else self.episodes
 

@@ -63,11 +63,12 @@ def seal_event(event: Event, kid: str, key: bytes) -> Event:
 def open_event(event: Event, key: bytes | None) -> Event | None:
     """The event as it was written; once its key is gone, an episode reads as
     its erasure, a belief (destroyed only when an erasure invalidated it) as
-    nothing at all, and a cycle's audit as its counts, without its texts."""
+    nothing at all, and a cycle's audit as its counts, without its texts or
+    what it read (there is no key of it left for an erasure to find)."""
     fields = SEALABLE[type(event)].fields
     if key is None:
         if isinstance(event, ReflectionCycleCompleted):
-            return dataclasses.replace(event, sealed=None)
+            return dataclasses.replace(event, sealed=None, read_ids=())
         return erased(event) if isinstance(event, EpisodeRecorded) else None
     clear = orjson.loads(open_sealed(key, Sealed.of(event.sealed), context(event)))
     opened = {k: tuple(v) if isinstance(v, list) else v for k, v in clear.items() if k in fields}

@@ -4,9 +4,11 @@ For each batch: **project** (the view), then **accumulate** (per-user
 triggers, which may ask for cycles; manual requests, which the user's agent
 publishes here so they are forwarded in stream order; retractions, forwarded
 so that their provenance walk runs in the requests pipeline, in the user's
-request order). What the accumulator counts is already in the view when it
-asks for a cycle, so the cycle reads exactly the window its request names.
-A retraction is a segment of its own: the runs the gates judge end there.
+request order; a UserForgotten, which resets the user's accumulator and is
+forwarded likewise). What the accumulator counts is already in the view when
+it asks for a cycle, so the cycle reads exactly the window its request names.
+A retraction or a forget is a segment of its own: the runs the gates judge
+end there.
 
 Every request forwarded from here carries the user's next sequence number
 and its position: the offset of the record that asked for it. Episodes and
@@ -39,7 +41,7 @@ from processors.embedders import Precomputed
 from processors.gate import gate_requests
 from processors.invalidator import forwarded
 from processors.projector import EPISODE_TYPES, EpisodeProjector, first_logged
-from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, from_dict
+from schemas import EpisodeRecorded, EpisodeRetracted, Event, ReflectionRequested, UserForgotten, from_dict
 from streams import metrics
 from streams.pipeline.runner import Runner
 from streams.replay import SideRun
@@ -48,11 +50,15 @@ from streams.runtime import Runtime, write
 log = logging.getLogger("reflect")
 
 
+ALONE = (EpisodeRetracted, UserForgotten)  # each a segment of its own
+FORWARDED = (ReflectionRequested, UserForgotten)  # not projected: forwarded by the accumulator
+
+
 def segments(admitted: list[tuple[Event, Any]]) -> list[list[tuple[Event, Any]]]:
-    """The batch in order, cut so that every retraction is a segment of its own."""
+    """The batch in order, cut so that every retraction and forget is a segment of its own."""
     out: list[list[tuple[Event, Any]]] = []
     for item in admitted:
-        if isinstance(item[0], EpisodeRetracted) or not out or isinstance(out[-1][0][0], EpisodeRetracted):
+        if isinstance(item[0], ALONE) or not out or isinstance(out[-1][0][0], ALONE):
             out.append([item])
         else:
             out[-1].append(item)
@@ -91,7 +97,7 @@ class EpisodesPipeline(Runner):
             async with self.runtime.projection_lock:  # a rebuild swaps views between batches only
                 applied = {id(m) for _, m in await self.runtime.policy.apply("project", project, episodes)}
             # What was dead-lettered is not counted either; manual requests go on in their place.
-            kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, ReflectionRequested)]
+            kept = [(r, m) for r, m in segment if id(m) in applied or isinstance(r, FORWARDED)]
             recorded = [r for r, _ in kept if isinstance(r, EpisodeRecorded)]
             first = await self.runtime.policy.until_done(
                 "project", lambda: asyncio.to_thread(first_logged, self.runtime.view, recorded))
@@ -130,7 +136,7 @@ class EpisodesPipeline(Runner):
             if isinstance(record, EpisodeRetracted):  # its walk runs in the user's request order
                 changed[user], request = number(changed[user], forwarded(record, message.offset))
                 await self.emit(user, message.partition, changed[user], [request])
-            elif request is not None:
+            elif request is not None:  # a cycle asked, or a forget (carried out in the user's request order)
                 request = replace(request, position=message.offset)
                 await self.gated(user, message.partition, runs.pop(user, []), changed, [request], positions)
         for user, (state, *offsets) in redelivered.items():  # a crash or a handover between a write and its commit

@@ -35,11 +35,11 @@ class ReflectionsPipeline(Runner):
         self.invalidator = Invalidator(runtime.view, settings.citation_floor, settings.max_depth)
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:
-        beliefs = [(r, m) for r, m in admitted if isinstance(r, REFLECTION_TYPES)]
+        beliefs = [((r, m.offset), m) for r, m in admitted if isinstance(r, REFLECTION_TYPES)]
+        project = metrics.timed_apply(lambda at: self.project([r for r, _ in at], [p for _, p in at]), "reflection")
         async with self.runtime.projection_lock:
-            applied = await self.runtime.policy.apply(
-                "project-reflections", metrics.timed_apply(self.project, "reflection"), beliefs)
-        for record, message in applied:
+            applied = await self.runtime.policy.apply("project-reflections", project, beliefs)
+        for (record, _), message in applied:
             if isinstance(record, (ReflectionCreated, ReflectionReinforced)):
                 await self.check(record, message)
 

@@ -37,13 +37,13 @@ from processors.challenger import refused_challenge, run_challenge
 from processors.gate import Gates, Rules, bearing_of, weigh
 from processors.guard import Spend, day_of, tokens_of
 from processors.invalidator import Invalidator, empty_state, placed
-from processors.projector import REFLECTION_TYPES, ReflectionProjector
-from processors.ports import Reasoner
+from processors.projector import REFLECTION_TYPES, ReflectionProjector, forgotten_payload, forgotten_point
+from processors.ports import Reasoner, ViewPoint
 from processors.reasoners import Remembered
 from processors.reflector import CycleConfig, cycle_window, refused, run_cycle
 from processors.tenants import tenant_of
 from schemas import (ChallengeRequested, ErasureCompleted, Event, GateRequested, InvalidationRequested,
-                     ReflectionCycleCompleted, ReflectionRequested, from_dict)
+                     ReflectionCycleCompleted, ReflectionRequested, UserForgotten, from_dict)
 from streams import metrics
 from streams.cycle_notes import summary
 from streams.pipeline.policy import FAILED
@@ -91,6 +91,8 @@ class RequestsPipeline(Runner):
         for request, message in admitted:
             if isinstance(request, InvalidationRequested):
                 await self.invalidate(request, message)
+            elif isinstance(request, UserForgotten):
+                await self.forget(request, message)
             elif isinstance(request, GateRequested):
                 await self.judge(request, message)
             else:
@@ -279,6 +281,49 @@ class RequestsPipeline(Runner):
                 kind, _, record = scope.partition(":")
                 await self.runtime.policy.until_done(
                     "shred", lambda: self.runtime.sealing.destroy(kind, proof.user_id, record))
+
+    async def forget(self, request: UserForgotten, message) -> None:
+        """A user forgotten, in the user's request order: after the cycles
+        asked before it. Every key of the user destroyed, so that all they
+        said or were believed to be, on every topic and in any copy, reads as
+        erased; then every point the view holds of them (all of them were
+        projected before the keys went: the live projectors wait meanwhile),
+        with a marker, so that a batch opened before and projected after is
+        not kept either (processors/projector.py, `forgotten_point`); the
+        user's tables, but for the numbers a redelivery is told by; then the
+        proof, in the view and on the log. What is logged after is the
+        user's anew, under new keys."""
+        if self.done_already(request):
+            return
+        runtime, user, partition = self.runtime, request.user_id, message.partition
+        kinds = ["episode", "reflection", "cycle"]  # not the proofs of erasures
+        async with runtime.user_lock(user), runtime.projection_lock:
+            if runtime.sealing is not None:
+                await runtime.policy.until_done("shred", lambda: runtime.sealing.destroy("user", user))
+            settings = runtime.settings
+            before = [await runtime.policy.until_done("read-log", lambda t=topic: runtime.log.past_end(t, partition))
+                      for topic in (settings.topic_episodes, settings.topic_reflections)]
+
+            def drop() -> int:
+                points = sum(runtime.view.count(user, kind=kind) for kind in kinds)
+                runtime.view.forget([user], kinds=kinds)
+                runtime.view.upsert([ViewPoint(forgotten_point(user), None, forgotten_payload(request, *before))])
+                return points
+            points = await runtime.policy.until_done("project", lambda: asyncio.to_thread(drop))
+            tables = runtime.tables
+            gates = Gates.from_dict(tables.gates.get(user))
+            await asyncio.gather(*(write(table, partition, user, {}) for table in
+                                   (tables.provenance, tables.outcomes, tables.last_cycle)),
+                                 write(tables.gates, partition, user, Gates(done=gates.done).to_dict()))
+            proof = ErasureCompleted(
+                event_id=f"erasure:{request.event_id}", user_id=user, erasure_id=request.event_id, scope="user",
+                episodes=(), beliefs=(), keys=(f"user:{user}",) if runtime.sealing else (), points=points,
+                occurred_at=request.occurred_at)
+            await runtime.policy.until_done("project", lambda: asyncio.to_thread(self.project, [proof]))
+        await self.publish([proof])
+        log.info("user %s forgotten (%s): their keys destroyed, %d point(s) dropped from the view", user,
+                 request.event_id, points)
+        await self.mark_done(request, partition)
 
     async def judge(self, request: GateRequested, message) -> None:
         """A run of the user's new episodes through the contradiction and

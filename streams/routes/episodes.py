@@ -1,4 +1,4 @@
-"""Episodes: record one, read one back, retract one.
+"""Episodes: record one, read one back, retract one; forget a user.
 
 A record names its episode: the body's `episode_id`, else the one its
 `Idempotency-Key` header names (streams/producer.py, `episode_id_for_key`),
@@ -14,7 +14,7 @@ import asyncio
 from faust.web import Request, Response, View
 
 from processors.projector import point_id, served
-from streams.producer import episode_id_for_key, key_problem, make_episode, make_retraction
+from streams.producer import episode_id_for_key, key_problem, make_episode, make_forget, make_retraction
 from streams.routes.common import ApiError, answers_json, context, json_body, known_fields, owned, publish
 
 EPISODE_FIELDS = {"text", "importance", "episode_id", "occurred_at", "source", "metadata"}
@@ -73,7 +73,19 @@ class Retract(View):
         return self.json({"episode_id": episode_id, "event_id": event.event_id}, status=202)
 
 
+class User(View):
+    @answers_json
+    async def delete(self, request: Request, user_id: str) -> Response:
+        """Everything of the user forgotten (a UserForgotten on the log): 202
+        once the log has it; its proof, ErasureCompleted, once carried out."""
+        event = make_forget(user_id)
+        await publish(context(self).episodes_topic, event)
+        return self.json({"user_id": user_id, "event_id": event.event_id,
+                          "proof": f"/v1/users/{user_id}/erasures/{event.event_id}"}, status=202)
+
+
 PAGES = {
+    "/v1/users/{user_id}": User,
     "/v1/users/{user_id}/episodes": Episodes,
     "/v1/users/{user_id}/episodes/{episode_id}": Episode,
     "/v1/users/{user_id}/episodes/{episode_id}/retract": Retract,

@@ -51,6 +51,7 @@ EXAMPLES = [
                           recent=({"id": "ep-7", "occurred_at": T, "kind": "episode"},), sequence=6, position=312),
     schemas.ErasureCompleted(user_id="alice", erasure_id="ev-12", episode_id="ep-3", episodes=("ep-3",),
                              beliefs=("r-1", "r-2")),
+    schemas.UserForgotten(user_id="alice", sequence=7, position=313),
 ]
 
 

@@ -3,7 +3,9 @@ forms a belief that restates it; once those episodes are erased, the phrase
 is in no served read, in no record of any of the deployment's topics read
 raw from the broker (sealed texts whose keys are gone), in no log line, and
 a rebuild from the log brings back neither the phrase nor the belief, nor
-leaves it in any file of the data directory."""
+leaves it in any file of the data directory. The same once the whole user
+is forgotten, with the user's other data gone too, another user's kept, and
+what the user says after the forget kept as theirs anew."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from support.harness import wait_for
+from support.broker import read_opened
+from support.harness import settings_env, wait_for
 from support.messages_api import MessagesServer, OfflineModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -63,10 +66,12 @@ def raw_records(settings) -> dict[str, list[bytes]]:
     return asyncio.run(deployment_records(settings))
 
 
-def served(w, user: str, belief_ids) -> bytes:
+def served(w, user: str, belief_ids, said: int = len(SAID), other: int = 0) -> bytes:
     reads = [w.get(f"/v1/users/{user}/beliefs"), w.get(f"/v1/users/{user}/stats"),
-             w.get(f"/v1/users/{user}/recall?q=heron-lantern%20code"), w.get(f"/v1/users/{user}/recall?q=on-call")]
-    reads += [w.get(f"/v1/users/{user}/episodes/said-{i}") for i in range(len(SAID))]
+             w.get(f"/v1/users/{user}/recall?q=heron-lantern%20code"), w.get(f"/v1/users/{user}/recall?q=on-call"),
+             w.get(f"/v1/users/{user}/recall?q=kestrel-quarry%20dashboards")]
+    reads += [w.get(f"/v1/users/{user}/episodes/said-{i}") for i in range(said)]
+    reads += [w.get(f"/v1/users/{user}/episodes/other-{i}") for i in range(other)]
     reads += [w.get(f"/v1/users/{user}/reflections/{rid}") for rid in belief_ids]
     return orjson.dumps(reads)
 
@@ -125,3 +130,77 @@ def test_an_erased_phrase_is_found_nowhere_and_a_rebuild_does_not_bring_it_back(
     # The rebuilt view was made from the log, where the phrase no longer opens; the old one, whose files
     # kept the stripped text (a Qdrant Edge shard's WAL), is gone with the swap.
     assert not [p for p in Path(s.data_dir).rglob("*") if p.is_file() and PHRASE in p.read_bytes()]
+
+
+THEIRS = ["Eli wants the otter-beacon runbook read before every on-call handover",
+          "Before the cache rollout Eli walked us through the otter-beacon runbook",
+          "Eli would not start the queue migration until the otter-beacon runbook was reviewed",
+          "Nothing shipped until the otter-beacon runbook was done: Eli made us run it before the release"]
+ELSE = ["The user's kestrel-quarry dashboards need a weekly look", "Paired with the user on the kestrel-quarry alerts"]
+
+
+def said_by(w, user: str, said: list[str], other: list[str]) -> list[dict]:
+    """The user's episodes recorded, a manual cycle run on them: the beliefs it formed."""
+    for i, text in enumerate(said):
+        w.client.record(user, text, 0.8, episode_id=f"said-{i}")
+    for i, text in enumerate(other):
+        w.client.record(user, text, 0.3, episode_id=f"other-{i}")
+    wait_for(lambda: w.stats(user).get("episodes") == len(said) + len(other), 30, f"{user}'s episodes projected")
+    w.client.reflect(user)
+    wait_for(lambda: w.stats(user).get("last_cycle"), 60, f"{user}'s manual cycle")
+    return w.get(f"/v1/users/{user}/beliefs")["beliefs"]
+
+
+def found(s, w, phrases: list[bytes]) -> list[str]:
+    """Where any of `phrases` is still found: the topics read raw, the worker's log lines."""
+    raw = raw_records(s)
+    return [t for t, values in raw.items() if any(p in v for p in phrases for v in values)] + \
+        (["log"] if any(p in w.log_path.read_bytes() for p in phrases) else [])
+
+
+def test_a_forgotten_user_is_found_nowhere_and_other_users_are_untouched(settings, worker, reasoner):
+    name, env = reasoner
+    s = replace(settings, threshold=1000.0, reasoner=name)
+    w = worker(s, env=env)
+    beliefs = said_by(w, "dana", SAID, ELSE)
+    assert [b for b in beliefs if PHRASE.decode() in b["text"]], beliefs
+    theirs = said_by(w, "eli", THEIRS, OTHER)
+    assert [b for b in theirs if "otter-beacon" in b["text"]], theirs
+    ids = [b["reflection_id"] for b in beliefs]
+
+    if name == "offline":  # the command; the stand-in's run asks the API
+        done = subprocess.run([sys.executable, "-m", "streams.cli", "forget", "--user", "dana"],
+                              env=settings_env(s), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        forget = done.stdout.strip()
+    else:
+        forget = w.client.forget("dana").event_id
+    wait_for(lambda: "erasure_id" in w.get(f"/v1/users/dana/erasures/{forget}"), 60, "the forget's proof")
+    proof = w.get(f"/v1/users/dana/erasures/{forget}")
+    assert proof["scope"] == "user", proof
+    assert proof["keys"] == ["user:dana"] and proof["points"] >= len(SAID) + len(ELSE) + len(beliefs)
+
+    gone = [PHRASE, b"kestrel-quarry"]
+    assert not [p for p in gone if p in served(w, "dana", ids, other=len(ELSE))]
+    assert w.get("/v1/users/dana/beliefs")["beliefs"] == [] and w.stats("dana").get("episodes") == 0
+    assert not found(s, w, gone)
+    on_log = asyncio.run(read_opened(s, s.topic_episodes))
+    assert {e["type"] for e in on_log if e["user_id"] == "dana"} >= {"EpisodeRetracted", "UserForgotten"}
+    assert not [e for e in on_log if e["user_id"] == "dana" and e["type"] == "EpisodeRecorded"]
+    assert sorted(e["text"] for e in on_log if e["user_id"] == "eli" and "text" in e) == sorted(THEIRS + OTHER)
+    # What the user says after the forget is theirs anew, under a key of its own.
+    w.client.record("dana", "Dana starts over with the plain weekly review", 0.5, episode_id="anew")
+    wait_for(lambda: w.stats("dana").get("episodes") == 1, 30, "the new episode projected")
+
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api", w.client.api],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not [p for p in gone if p in served(w, "dana", ids, other=len(ELSE))]
+    assert w.get("/v1/users/dana/beliefs")["beliefs"] == [] and w.stats("dana").get("episodes") == 1
+    assert "starts over" in w.get("/v1/users/dana/episodes/anew")["text"]
+    assert w.get(f"/v1/users/dana/erasures/{forget}")["points"] == proof["points"]
+    assert sorted(b["reflection_id"] for b in w.get("/v1/users/eli/beliefs")["beliefs"]) == \
+        sorted(b["reflection_id"] for b in theirs)
+    assert b"otter-beacon" in served(w, "eli", [b["reflection_id"] for b in theirs], other=len(OTHER))
+    assert not found(s, w, gone)
+    assert not [p for p in Path(s.data_dir).rglob("*") if p.is_file() and any(g in p.read_bytes() for g in gone)]

@@ -16,7 +16,7 @@ import pytest
 
 from streams.adapters.sealing import KeyRing, SealingError, new_key, open_sealed, seal
 from streams.broker import free_port
-from streams.keys import KeyStore, KeyUnknown, scope_of
+from streams.keys import FRESH, KeyStore, KeyUnknown, scope_of
 from streams.topics import ensure_key_topic
 from support.runs import make_settings
 
@@ -96,4 +96,31 @@ def test_a_key_the_topic_never_held_is_unknown_not_destroyed(broker, tmp_path):
         async with KeyStore(settings, ring, other) as elsewhere:
             with pytest.raises(KeyUnknown, match=other):
                 await elsewhere.key(kid)
+    asyncio.run(scenario())
+
+
+def test_a_writer_stops_sealing_under_a_user_key_another_store_destroyed(broker, tmp_path):
+    """A forget in the worker; an API elsewhere that still holds the user's
+    key: within FRESH seconds it seals under a new version of it, whose
+    keys open, instead of one that reads as erased."""
+    settings = make_settings(broker.url, tmp_path)
+    topic = f"keys-{uuid.uuid4().hex[:8]}"
+    ring = KeyRing.load(tmp_path / "master.keys", create=True)
+
+    async def scenario() -> None:
+        await ensure_key_topic(settings, topic)
+        async with KeyStore(settings, ring, topic) as api, KeyStore(settings, ring, topic) as worker:
+            before, _ = await api.new("episode", "ana", "e1")
+            old_user_key = api.wrapped[before].kid
+            await worker.fetch([before])
+            await worker.destroy("user", "ana")
+            deadline = asyncio.get_running_loop().time() + 5 + 2 * FRESH
+            while True:  # sealing on as an API would: each key under the user key it holds
+                kid, _ = await api.new("episode", "ana", "e2")
+                await worker.fetch([kid])
+                if await worker.key(kid) is not None:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "still sealing under the destroyed user key"
+            assert api.wrapped[kid].kid != old_user_key and await worker.key(before) is None
+
     asyncio.run(scenario())

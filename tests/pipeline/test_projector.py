@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from processors.embedders import HashingEmbedder
-from processors.projector import EpisodeProjector, episode_point, plan_episodes, point_id
-from processors.ports import GONE, POSITION
+from processors.projector import (EpisodeProjector, ReflectionProjector, episode_point, forgotten_payload,
+                                  forgotten_point, plan_episodes, point_id)
+from processors.ports import GONE, POSITION, ViewPoint
 from streams.adapters.view.edge import EdgeView
-from schemas import EpisodeRecorded, EpisodeRetracted
+from schemas import EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionCreated, UserForgotten
 
 
 def rec(eid: str, text: str = "t", user: str = "u") -> EpisodeRecorded:
@@ -114,3 +115,45 @@ def test_the_view_does_not_depend_on_where_batches_end(tmp_path):
     one, each = views
     assert one == each
     assert {p["episode_id"] for p in one.values() if p["status"] == "retracted"} == {"e1", "e3"}
+
+
+def test_a_forget_replayed_drops_the_users_episodes_where_it_was_logged(projector):
+    view = projector.view
+    belief = point_id("reflection", "u", "r1")  # a new life's belief, which a replay may project first
+    view.upsert([ViewPoint(belief, None, {"user_id": "u", "kind": "reflection", "reflection_id": "r1"})])
+    projector.apply([rec("a", "old life"), rec("b", "theirs", user="v"), rec("c", "old too"),
+                     UserForgotten(user_id="u"), rec("d", "new life")], [0, 1, 2, 3, 4])
+    assert {p["episode_id"] for _, p in view.scroll("u", kind="episode")} == {"d"}
+    assert view.get([belief]) and [p["text"] for _, p in view.scroll("v", kind="episode")] == ["theirs"]
+    # A batch read before the forget and projected after it brings nothing back.
+    projector.apply([rec("e", "opened before the forget"), rec("f", "after")], [2, 5])
+    assert {p["episode_id"] for _, p in view.scroll("u", kind="episode")} == {"d", "f"}
+
+
+def test_the_live_projector_leaves_a_forget_to_the_users_request_order(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 384)
+    try:
+        live = EpisodeProjector(view, HashingEmbedder(), erase_now=False)
+        live.apply([rec("a", "said before"), UserForgotten(user_id="u"), rec("b", "said after")], [0, 1, 2])
+        assert {p["episode_id"] for _, p in view.scroll("u", kind="episode")} == {"a", "b"}
+    finally:
+        view.close()
+
+
+def test_beliefs_read_before_a_forget_and_projected_after_are_not_kept(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 384)
+    try:
+        view.upsert([ViewPoint(forgotten_point("u"), None,
+                               forgotten_payload(UserForgotten(user_id="u"), before=9, reflections_before=5))])
+
+        def belief(rid: str, user: str = "u") -> ReflectionCreated:
+            return ReflectionCreated(user_id=user, reflection_id=rid, cycle_id="c", text=f"belief {rid}",
+                                     evidence_ids=("e1",), depth=1, importance=0.5, confidence=0.6,
+                                     reasoner="offline", prompt_version="v")
+        proof = ErasureCompleted(user_id="u", erasure_id="forget:1", scope="user", episodes=(), beliefs=(), points=3)
+        ReflectionProjector(view, HashingEmbedder()).apply(
+            [belief("old"), belief("theirs", user="v"), proof, belief("new")], [3, 4, 4, 6])
+        assert {p["reflection_id"] for _, p in view.scroll("u", kind="reflection")} == {"new"}
+        assert view.count("v", kind="reflection") == 1 and view.count("u", kind="erasure") == 1
+    finally:
+        view.close()

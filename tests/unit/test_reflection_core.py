@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from hypothesis import given, strategies as st
 
 from processors.accumulator import WINDOW, Accumulator, Trigger, admit, admit_all
 from processors.reflection import Candidate, Insight, judge, reflection_id, rerank
-from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested, decode
+from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested, UserForgotten, decode
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
 
@@ -141,3 +142,16 @@ def test_a_manual_request_leaves_the_pending_sum_and_is_forwarded_once():
     again, requests = feed(acc, [manual("a"), manual("a")], trigger)
     assert len(requests) == 1 and again.pending == acc.pending and again.asked == 1
     assert Accumulator.from_dict(again.to_dict()) == again
+
+
+def test_a_forget_resets_what_the_user_said_but_not_the_numbering():
+    trigger = Trigger(threshold=3.0, min_episodes=2, salience_cut=0.5)
+    acc, requests = feed(Accumulator(), [ep(i, 0.5) for i in range(8)], trigger)
+    acc, forwarded = admit(replace(acc, applied=41), UserForgotten(user_id="u"), trigger)
+    assert isinstance(forwarded, UserForgotten) and forwarded.sequence == len(requests) + 1
+    assert (acc.recent, acc.pending, acc.episodes, acc.high_salience) == ((), 0.0, 0, 0)
+    assert (acc.asked, acc.cycles, acc.applied) == (len(requests) + 1, len(requests), 41)
+    acc, again = feed(acc, [ep(i, 0.5) for i in range(100, 106)], trigger)
+    # A new life: counted from nothing, with cycle ids and sequences no earlier request had.
+    assert [r.cycle_id for r in again] == [f"u:{len(requests) + 1}"] and again[0].sequence == acc.asked
+    assert again[0].window_episode_ids == tuple(f"e{i}" for i in range(100, 106))

@@ -131,11 +131,13 @@ class QdrantView:
         found = self.client.facet(self.target, key="user_id", limit=MAX_USERS, exact=True)
         return sorted(str(h.value) for h in found.hits if h.count and h.value != NO_USER)
 
-    def forget(self, user_ids: Sequence[str]) -> None:
+    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None) -> None:
         if user_ids:
             m = self._m
-            self.client.delete(self.target, points_selector=m.FilterSelector(filter=m.Filter(must=[
-                m.FieldCondition(key="user_id", match=m.MatchAny(any=list(user_ids)))])))
+            must = [m.FieldCondition(key="user_id", match=m.MatchAny(any=list(user_ids)))]
+            if kinds is not None:
+                must.append(m.FieldCondition(key="kind", match=m.MatchAny(any=list(kinds))))
+            self.client.delete(self.target, points_selector=m.FilterSelector(filter=m.Filter(must=must)))
 
     def count(self, user_id: str, **match: str) -> int:
         return self.client.count(self.target, count_filter=self._filter(user_id, match), exact=True).count
