@@ -449,16 +449,43 @@ class ReflectionProjector:
     keeps and its support; Invalidated → weakened, or invalid (and, after an
     erasure, without text); ErasureCompleted → its proof (kind=erasure);
     CycleCompleted → what the cycle read (kind=cycle).
-    Applying an event again changes nothing."""
+    Applying an event again changes nothing.
 
-    def __init__(self, view: VectorStore, embedder: Embedder) -> None:
+    `erase_now`: whether the proof of a forget (ErasureCompleted, scope user)
+    drops the user's beliefs and cycles here. The live pipeline's forget did
+    already, and a belief of the user's new life may be in the view before
+    this reads the proof; a replay (a rebuild, a catch-up, a compaction's
+    copy) reads the user's partition in order, so drops what came before."""
+
+    def __init__(self, view: VectorStore, embedder: Embedder, erase_now: bool = True) -> None:
         self.view = view
         self.embedder = embedder
+        self.erase_now = erase_now
 
     def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> int:
         """`positions`: each event's offset in `reflections`, if read from
         there: what a forget took is not brought back by a batch read before
         it and projected after (`forgotten_point`)."""
+        at, done, start = list(positions) if positions else None, 0, 0
+        for i, event in enumerate(events):
+            if self.erase_now and isinstance(event, ErasureCompleted) and event.scope == "user":
+                done += self._apply(events[start:i], at and at[start:i])
+                self.view.forget([event.user_id], kinds=["reflection", "cycle"])  # what came before it
+                start = i
+        done += self._apply(events[start:], at and at[start:])
+        if self.erase_now:
+            self._erased([e for e in events if isinstance(e, ErasureCompleted) and e.scope == "episode"])
+        return done
+
+    def _erased(self, proofs: list[ErasureCompleted]) -> None:
+        """The episodes a proof says lost their text, without it: a copy of
+        the view taken before the walk stripped them (a compaction's) and
+        brought up to date from the log reads so from the proof."""
+        pids = [point_id("episode", p.user_id, e) for p in proofs for e in p.episodes]
+        held = [pid for pid, payload in self.view.get(pids).items() if "text" in payload]
+        self.view.strip(held, {"retraction_reason": "erasure"}, drop=["text"])
+
+    def _apply(self, events: Sequence[Event], positions: Sequence[int] | None) -> int:
         if positions:
             markers = self.view.get(list({forgotten_point(e.user_id) for e in events}))
             events, _ = remembered(events, positions, markers, "reflections_before", FORGOTTEN_WITH_USER)

@@ -18,6 +18,11 @@ copy swapped in. Unlike a rebuild, nothing before the watermarks is read or
 embedded again. If the worker's partitions changed meanwhile (a rebalance),
 the copy no longer stands in for the view: the compaction is abandoned, and
 the next check starts over.
+
+A scrub is the same flow after an erasure or a forget, its copy written
+point by point (EdgeView.rewritten) rather than its files copied, and with
+writes going on: an erased text stays in a shard's WAL and payload pages
+until the shard is dropped, and is in none of the copy's files.
 """
 
 from __future__ import annotations
@@ -46,11 +51,14 @@ def held_spans(held: dict[TopicPartition, int], partitions: set[int],
     return {TopicPartition(t, p): held.get(TopicPartition(t, p), 0) for t in topics for p in sorted(partitions)}
 
 
-async def compact(runtime, progress: Progress) -> None:
+async def compact(runtime, progress: Progress, rewrite: bool = False) -> None:
+    """`rewrite`: the copy written point by point (a scrub), not its files copied."""
     ownership = runtime.ownership
     owned: set[int] = set()  # the partitions whose log the copy is brought up to date with
 
     def copy():
+        if rewrite:  # read as any reader does, writes going on: what they change is replayed (below)
+            return runtime.view.rewritten()
         with runtime.view.writes_held() as view:
             return view.copy()
 
@@ -72,14 +80,32 @@ async def compact(runtime, progress: Progress) -> None:
     await refresh(runtime, runtime.projection_lock, progress, copied, still_fits)
 
 
+async def scrub(runtime, progress: Progress) -> None:
+    """Compactions whose copy is written point by point, while an erasure
+    or a forget has asked for one since the last began: afterwards no file
+    of the view holds what they took (streams/pipeline/requests.py)."""
+    while runtime.scrub_asked:
+        runtime.scrub_asked = False
+        await compact(runtime, progress, rewrite=True)
+        if progress.state == "failed":
+            runtime.scrub_asked = True  # asked again by the next batch's check, not in a loop here
+            return
+
+
 async def check(runtime) -> None:
-    """After each batch the worker projects: start a compaction when the view
-    is due one (counting its points costs ~0.07 ms at 500k) and nothing else
-    rebuilds it. Only a worker's own Edge view (a Qdrant server optimizes its
-    segments itself) and only in a worker on a broker (the replay reads the log)."""
+    """After each batch the worker projects: start a scrub when an erasure
+    asked for one, else a compaction when the view is due one (counting its
+    points costs ~0.07 ms at 500k), and nothing else rebuilds it. Only a
+    worker's own Edge view (a Qdrant server optimizes its segments itself)
+    and only in a worker on a broker (the replay reads the log)."""
     settings, slot, ownership = runtime.settings, runtime.rebuilding, runtime.ownership
-    if not (settings.compact_growth and ownership.local_view and ownership.installed) \
-            or slot.busy() or not ownership.settled():
+    if not (ownership.local_view and ownership.installed) or slot.busy() or not ownership.settled():
+        return
+    if runtime.scrub_asked and settings.scrub == "on":
+        log.warning("scrubbing the view after an erasure: every point written into a fresh shard")
+        slot.start(Progress(kind="scrub"), lambda progress: scrub(runtime, progress))
+        return
+    if not settings.compact_growth:
         return
     # Under the error policy: a view that does not answer is waited for here as by every stage.
     points, optimized = await runtime.policy.until_done("compaction-check",

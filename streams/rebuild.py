@@ -35,7 +35,7 @@ log = logging.getLogger("reflect")
 
 @dataclass
 class Progress:
-    kind: str = "rebuild"  # rebuild | compaction (streams/compaction.py)
+    kind: str = "rebuild"  # rebuild | compaction | scrub (streams/compaction.py)
     state: str = "idle"  # idle | copying | running | optimizing | swapping | done | failed
     events: int = 0
     total: int = 0

@@ -140,6 +140,7 @@ class Runtime:
     read_order: Any = None  # streams/read_order.ReadOrder (a worker's; None in the in-memory one)
     log: Any = None  # streams/on_log.Log: what the log holds, asked before a rerun publishes again
     rebuilding: Rebuilding = dataclasses.field(default_factory=Rebuilding)  # one rebuild or compaction at a time
+    scrub_asked: bool = False  # an erasure or a forget since the last scrub began (streams/compaction.py)
     router_ready: bool = False  # recall's router trained (streams/app.py): readiness waits for it
     replays: Any = None  # streams/replay.Replays: the side workers this worker runs (made on first use)
     sealing: Any = None  # streams/shredding.Sealing: a worker's keys (None in the tests' in-memory one)

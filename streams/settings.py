@@ -277,6 +277,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("seal", "REFLECT_SEAL", "on", _choice("on", "off"),
          "Crypto-shredding: an episode's text, source and metadata go on the log sealed (AES-256-GCM) under "
          "a data key of the episode's own, kept on the key topic; an erasure destroys it. Off: in clear."),
+    Spec("scrub", "REFLECT_SCRUB", "on", _choice("on", "off"),
+         "After an erasure or a forget, the embedded view is written point by point into a fresh shard and "
+         "swapped in, so that no file under the data directory keeps the erased text (a shard's WAL and "
+         "payload pages do until it is dropped). Off: until the next rebuild or compaction."),
     Spec("master_keys", "REFLECT_MASTER_KEYS", "", _optional,
          "The master key ring that wraps every data key: a file of `id:base64` lines, the first current. "
          "Empty: data_dir/master.keys, made on first use. Back it up apart from the data it unlocks."),
@@ -552,6 +556,7 @@ class Settings:
     topic_reflections: str
     data_dir: str
     seal: str
+    scrub: str
     master_keys: str | None
     qdrant_url: str | None
     qdrant_api_key: Secret | None

@@ -31,7 +31,7 @@ class ReflectionsPipeline(Runner):
     def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
         settings = runtime.settings
-        self.project = ReflectionProjector(runtime.view, runtime.embedder).apply
+        self.project = ReflectionProjector(runtime.view, runtime.embedder, erase_now=False).apply
         self.invalidator = Invalidator(runtime.view, settings.citation_floor, settings.max_depth)
 
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: Any = None) -> None:

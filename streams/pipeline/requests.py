@@ -82,7 +82,7 @@ class RequestsPipeline(Runner):
         super().__init__(runtime)
         settings = runtime.settings
         self.config = CycleConfig.from_settings(settings)
-        self.project = ReflectionProjector(runtime.view, runtime.embedder).apply
+        self.project = ReflectionProjector(runtime.view, runtime.embedder, erase_now=False).apply
         self.invalidator = Invalidator(runtime.view, settings.citation_floor, settings.max_depth)
         self.rules = Rules.from_settings(settings)
         self.vectors: dict = {}  # the gate's cache of belief and evidence vectors (processors/gate.py)
@@ -264,6 +264,7 @@ class RequestsPipeline(Runner):
                     log.info("retraction of episode %s of user %s, which the view never held: a tombstone, "
                              "nothing to invalidate", retraction.episode_id, user)
                 await self.publish([e for e in made if isinstance(e, REFLECTION_TYPES)])
+                self.runtime.scrub_asked |= bool(proofs)  # the erased text out of the view's files too
                 metrics.invalidations(made)
                 revalidations = placed([e for e in made if isinstance(e, ReflectionRequested)], request.position)
                 for revalidation in revalidations:
@@ -321,6 +322,7 @@ class RequestsPipeline(Runner):
                 occurred_at=request.occurred_at)
             await runtime.policy.until_done("project", lambda: asyncio.to_thread(self.project, [proof]))
         await self.publish([proof])
+        runtime.scrub_asked = True
         log.info("user %s forgotten (%s): their keys destroyed, %d point(s) dropped from the view", user,
                  request.event_id, points)
         await self.mark_done(request, partition)

@@ -52,6 +52,8 @@ SIZES = {
     "rebuild": ({"n": 5000}, {"n": 20000}),
     # crypto-shredding on against off: ingest over HTTP, recall, rebuild (episodes per user, 4 users)
     "sealing": ({"episodes": 250, "rounds": 1}, {"episodes": 500, "rounds": 2}),
+    # an Edge view rewritten point by point after an erasure, against a copy of its files
+    "scrub": ({"points": 20000, "rounds": 1}, {"points": 50000, "rounds": 3}),
     "retrieval": ({"embedder": "minilm"}, {"embedder": "minilm"}),
     # quick: the four shortest conversations (1,761 turns, 284 questions); full: all ten (8,944 turns, 705)
     "public": ({"embedder": "minilm", "conversations": [1, 2, 3, 4]}, {"embedder": "minilm", "conversations": None}),
@@ -84,6 +86,9 @@ def scenario(name: str, size: dict) -> dict:
     if name == "sealing":
         import sealing_cost
         return sealing_cost.measure(size["episodes"], rounds=size["rounds"])
+    if name == "scrub":
+        import scrub_cost
+        return scrub_cost.measure(size["points"], rounds=size["rounds"])
     if name == "retrieval":
         import retrieval_quality
         return retrieval_quality.measure(size["embedder"])

@@ -157,3 +157,32 @@ def test_beliefs_read_before_a_forget_and_projected_after_are_not_kept(tmp_path)
         assert view.count("v", kind="reflection") == 1 and view.count("u", kind="erasure") == 1
     finally:
         view.close()
+
+
+def test_a_forgets_proof_replayed_drops_the_beliefs_before_it_not_after(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 384)
+    try:
+        def belief(rid: str, user: str = "u") -> ReflectionCreated:
+            return ReflectionCreated(user_id=user, reflection_id=rid, cycle_id="c", text=f"belief {rid}",
+                                     evidence_ids=("e1",), depth=1, importance=0.5, confidence=0.6,
+                                     reasoner="offline", prompt_version="v")
+        proof = ErasureCompleted(user_id="u", erasure_id="forget:1", scope="user", episodes=(), beliefs=(), points=1)
+        events = [belief("old"), belief("theirs", user="v"), proof, belief("new")]
+        ReflectionProjector(view, HashingEmbedder(), erase_now=False).apply(events)
+        assert view.count("u", kind="reflection") == 2  # the live pipeline's forget dropped them already
+        ReflectionProjector(view, HashingEmbedder()).apply(events)
+        assert {p["reflection_id"] for _, p in view.scroll("u", kind="reflection")} == {"new"}
+        assert view.count("v", kind="reflection") == 1 and view.count("u", kind="erasure") == 1
+    finally:
+        view.close()
+
+
+def test_an_erasures_proof_replayed_onto_an_older_copy_takes_the_episodes_text(projector):
+    projector.apply([rec("a", "alpha"), rec("b", "beta")], [0, 1])  # a copy taken before the walk stripped a
+    proof = ErasureCompleted(user_id="u", erasure_id="x", episode_id="a", episodes=("a",), beliefs=())
+    view, pid = projector.view, episode_point(rec("a"))
+    ReflectionProjector(view, HashingEmbedder(), erase_now=False).apply([proof])
+    assert view.get([pid])[pid]["text"] == "alpha"  # live: the walk strips it, before the proof
+    ReflectionProjector(view, HashingEmbedder()).apply([proof])
+    assert "text" not in view.get([pid])[pid] and view.vectors([pid]) == {}
+    assert view.get([episode_point(rec("b"))])[episode_point(rec("b"))]["text"] == "beta"

@@ -7,6 +7,7 @@ swaps it in by rewriting that pointer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from streams.adapters.view import REBUILD, check_embedder, floats, next_name
 log = logging.getLogger("reflect")
 
 EMBEDDER_FILE = "reflect-embedder.json"  # in a shard directory: {"name", "dim"}
+REWRITE_CHUNK = 512  # points a rewrite reads and writes at a time
 
 
 def _active_name(root: Path, view: str) -> str:
@@ -308,6 +310,19 @@ class EdgeView:
         """(points now, points when last optimized; 0 if never): how much of
         the shard a live-grown view holds unoptimized (streams/compaction.py)."""
         return self.points(), self._optimized
+
+    def rewritten(self) -> "EdgeView":
+        """A successor holding what this shard holds, written point by point:
+        none of its files ever held what was stripped or deleted here (a
+        shard keeps an erased text in its WAL and payload pages until it is
+        dropped). Only while no write runs (SharedView.writes_held)."""
+        fresh = self.successor()
+        for user in [*self.users(), NO_USER]:
+            points = self.scroll(user)
+            while chunk := list(itertools.islice(points, REWRITE_CHUNK)):
+                vectors = self.vectors([pid for pid, _ in chunk])
+                fresh.upsert([ViewPoint(pid, vectors.get(pid), payload) for pid, payload in chunk])
+        return fresh
 
     def copy(self) -> "EdgeView":
         """A successor holding what this shard holds: its files, flushed, copied
