@@ -20,14 +20,15 @@ it sealed (compaction keeps the last record per key, so a rewrite would
 orphan what the first sealed).
 
 Each store reads the whole topic at start and follows it on each miss (a
-key is produced, and acknowledged, before anything it seals), and, when it
-seals, at least every FRESH seconds: a user key destroyed by another
-process (a forget) is not sealed under for longer than that.
+key is produced, and acknowledged, before anything it seals), and, while it
+seals, in the background every FRESH seconds: a user key destroyed by
+another process (a forget) is not sealed under for much longer than that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 
@@ -39,6 +40,13 @@ from streams.adapters.sealing import KeyRing, Sealed, SealingError, new_key, unw
 DESTROYED = b'{"destroyed":true}'
 
 
+def _said(read: asyncio.Future) -> None:
+    """A background read of the key topic that failed: logged, tried again by the next seal."""
+    if not read.cancelled() and read.exception() is not None:
+        log.warning("could not read the key topic again (%r): sealing goes on under the keys held",
+                    read.exception())
+
+
 class KeyUnknown(SealingError):
     """A key this store has no record of, made or destroyed: the key topic is
     another than its writer's, or was lost. Never read as erased; retried,
@@ -46,9 +54,10 @@ class KeyUnknown(SealingError):
     retriable = True
 from streams.security import client_options
 
+log = logging.getLogger("reflect")
 KINDS = ("user", "episode", "belief", "cycle")
 READ_TIMEOUT = 30.0  # seconds to read the key topic to its end
-FRESH = 1.0  # seconds a writer seals under a user key without reading what was destroyed since
+FRESH = 1.0  # seconds a writer seals under a user key before reading again what was destroyed since
 
 
 def key_id(kind: str, user_id: str, record: str = "", version: str | None = None) -> str:
@@ -80,6 +89,7 @@ class KeyStore:
         self._tps: list[TopicPartition] = []
         self._reading = asyncio.Lock()  # one refresh at a time: a consumer reads for one caller
         self._read_at = 0.0  # when the topic was last read to its end (monotonic)
+        self._freshening: asyncio.Future | None = None  # the background read `_keep_fresh` started
 
     async def __aenter__(self) -> "KeyStore":
         try:
@@ -98,20 +108,26 @@ class KeyStore:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._freshening is not None:
+            self._freshening.cancel()
         await self._consumer.stop()
         await self._producer.stop()
 
-    async def refresh(self, fetch: bool = False) -> None:
+    async def refresh(self, fetch: bool = False, chase: bool = True) -> None:
         """The key topic read to its end as it is now: every key made, less
         every key destroyed. Tansu's ListOffsets can end short of a batch of
         several records, the high watermark of a fetch does not: `fetch`
-        makes one even when ListOffsets says nothing is new."""
+        makes one even when ListOffsets says nothing is new, and the read
+        goes on to the high watermark each fetch reports — unless `chase`
+        is off: then to where the topic ended when it began (while writers
+        go on, a read that chases their keys does not end)."""
         async with self._reading:
             ends = await self._consumer.end_offsets(self._tps)
+            ends = {tp: max(end, self._consumer.highwater(tp) or 0) for tp, end in ends.items()}
             deadline = time.monotonic() + READ_TIMEOUT
 
             def end(tp):
-                return max(ends[tp], self._consumer.highwater(tp) or 0)
+                return max(ends[tp], self._consumer.highwater(tp) or 0) if chase else ends[tp]
             while fetch or not all([await self._consumer.position(tp) >= end(tp) for tp in self._tps]):
                 fetch = False
                 for records in (await self._consumer.getmany(*self._tps, timeout_ms=200)).values():
@@ -182,8 +198,7 @@ class KeyStore:
 
     async def _user_key(self, user_id: str) -> tuple[str, bytes]:
         """The version of the user's key that new keys go under: the same one while it lasts."""
-        if time.monotonic() - self._read_at > FRESH:
-            await self.refresh()  # a version destroyed since (a forget) is dropped from `_sealing_under`
+        self._keep_fresh()
         if user_id in self._sealing_under:
             return self._sealing_under[user_id]
         held = self._user_versions(user_id)
@@ -198,6 +213,16 @@ class KeyStore:
             await self._put(kid, self.ring.wrap(key, kid))
         self._sealing_under[user_id] = kid, key
         return kid, key
+
+    def _keep_fresh(self) -> None:
+        """The topic read again in the background once FRESH seconds have
+        passed since it was last read, one read at a time: a user version
+        destroyed since (a forget) is dropped from `_sealing_under` then.
+        Sealing never waits for it (inline, the reads of every writer that
+        came at once, one after the other, cost a sixth of sealed ingest)."""
+        if time.monotonic() - self._read_at > FRESH and (self._freshening is None or self._freshening.done()):
+            self._freshening = asyncio.ensure_future(self.refresh(chase=False))
+            self._freshening.add_done_callback(_said)
 
     def _user_versions(self, user_id: str) -> list[str]:
         return [kid for kid in self._of_user.get(user_id, ()) if scope_of(kid)[0] == "user"]

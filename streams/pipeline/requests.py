@@ -297,20 +297,14 @@ class RequestsPipeline(Runner):
         if self.done_already(request):
             return
         runtime, user, partition = self.runtime, request.user_id, message.partition
-        kinds = ["episode", "reflection", "cycle"]  # not the proofs of erasures
         async with runtime.user_lock(user), runtime.projection_lock:
-            if runtime.sealing is not None:
-                await runtime.policy.until_done("shred", lambda: runtime.sealing.destroy("user", user))
-            settings = runtime.settings
-            before = [await runtime.policy.until_done("read-log", lambda t=topic: runtime.log.past_end(t, partition))
-                      for topic in (settings.topic_episodes, settings.topic_reflections)]
-
-            def drop() -> int:
-                points = sum(runtime.view.count(user, kind=kind) for kind in kinds)
-                runtime.view.forget([user], kinds=kinds)
-                runtime.view.upsert([ViewPoint(forgotten_point(user), None, forgotten_payload(request, *before))])
-                return points
-            points = await runtime.policy.until_done("project", lambda: asyncio.to_thread(drop))
+            pid = forgotten_point(user)
+            held = (await runtime.policy.until_done("project", lambda: asyncio.to_thread(
+                runtime.view.get, [pid]))).get(pid, {})
+            # Dropped before a crash (a replay's marker has no count): keys the user has made since are
+            # their new life's, not to destroy again.
+            done = held.get("forget_id") == request.event_id and "points" in held
+            points = held["points"] if done else await self.drop(request, partition)
             tables = runtime.tables
             gates = Gates.from_dict(tables.gates.get(user))
             await asyncio.gather(*(write(table, partition, user, {}) for table in
@@ -326,6 +320,24 @@ class RequestsPipeline(Runner):
         log.info("user %s forgotten (%s): their keys destroyed, %d point(s) dropped from the view", user,
                  request.event_id, points)
         await self.mark_done(request, partition)
+
+    async def drop(self, request: UserForgotten, partition: int) -> int:
+        """The user's keys destroyed, then their points and the marker
+        (`forget`); how many points left the view."""
+        runtime, user, kinds = self.runtime, request.user_id, ["episode", "reflection", "cycle"]  # not proofs
+        if runtime.sealing is not None:
+            await runtime.policy.until_done("shred", lambda: runtime.sealing.destroy("user", user))
+        settings = runtime.settings
+        before = [await runtime.policy.until_done("read-log", lambda t=topic: runtime.log.past_end(t, partition))
+                  for topic in (settings.topic_episodes, settings.topic_reflections)]
+
+        def drop() -> int:
+            points = sum(runtime.view.count(user, kind=kind) for kind in kinds)
+            runtime.view.forget([user], kinds=kinds)
+            marker = forgotten_payload(request, *before) | {"points": points}
+            runtime.view.upsert([ViewPoint(forgotten_point(user), None, marker)])
+            return points
+        return await runtime.policy.until_done("project", lambda: asyncio.to_thread(drop))
 
     async def judge(self, request: GateRequested, message) -> None:
         """A run of the user's new episodes through the contradiction and
