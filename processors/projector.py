@@ -343,11 +343,15 @@ def erasure_payload(event: ErasureCompleted) -> dict:
     return payload if event.points is None else {**payload, "points": event.points}
 
 
-def cycle_payload(event: ReflectionCycleCompleted) -> dict:
+def cycle_payload(event: ReflectionCycleCompleted | ReflectionChallenged) -> dict:
     """A cycle as the view keeps it: what it read, by id (an erasure of any of
-    them finds the cycle, and destroys the key its texts are sealed under)."""
+    them finds the cycle, and destroys the key its texts are sealed under). A
+    challenge cycle read the belief, which an erasure of its evidence takes,
+    and the challengers."""
+    read = event.read_ids if isinstance(event, ReflectionCycleCompleted) else \
+        (event.reflection_id, *event.challenger_ids)
     return {"user_id": event.user_id, "kind": "cycle", "cycle_id": event.cycle_id,
-            "read_ids": list(event.read_ids or ()), "occurred_at": event.occurred_at}
+            "read_ids": list(read or ()), "occurred_at": event.occurred_at}
 
 
 def bounded_history(history: list[dict], live: int = LIVE_HISTORY) -> list[dict]:
@@ -501,7 +505,8 @@ class ReflectionProjector:
         if proofs:  # no vector: found by id only (`reflect explain --erasure`), never by a search
             self.view.upsert([ViewPoint(point_id("erasure", e.user_id, e.erasure_id), None, erasure_payload(e))
                               for e in proofs])
-        cycles = [e for e in events if isinstance(e, ReflectionCycleCompleted) and e.read_ids]
+        cycles = [e for e in events if isinstance(e, ReflectionCycleCompleted) and e.read_ids
+                  or isinstance(e, ReflectionChallenged) and (e.reason or e.error)]
         if cycles:  # no vector either: found by what they read, by an erasure's walk
             self.view.upsert([ViewPoint(point_id("cycle", e.user_id, e.cycle_id), None, cycle_payload(e))
                               for e in cycles])

@@ -248,7 +248,7 @@ class GateRequested(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReflectionChallenged(Event):
+class ReflectionChallenged(SealedText, Event):
     """The audit record and verdict of one challenge cycle; with verdict refined
     or contradicted it also supersedes the belief (no longer served)."""
     TYPE: ClassVar[str] = "ReflectionChallenged"
@@ -266,6 +266,7 @@ class ReflectionChallenged(Event):
     heuristic: bool | None = None
     reason: str | None = None
     error: str | None = None
+    sealed: dict[str, str] | None = None  # reason and error under the cycle's key: streams/shredding.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -467,7 +468,9 @@ def check(data: Any) -> str:
 
 
 SEALED_FIELDS = {"EpisodeRecorded": ("text", "source", "metadata"), "ReflectionCreated": ("text", "question"),
-                 "ReflectionCycleCompleted": ("questions", "drops", "error")}
+                 "ReflectionCycleCompleted": ("questions", "drops", "error"),
+                 "ReflectionChallenged": ("reason", "error")}
+OPTIONAL_TEXT = {"ReflectionChallenged"}  # sealed or not, its texts may be absent
 
 
 def _sealed_problem(data: dict) -> tuple[str, str] | None:
@@ -476,7 +479,7 @@ def _sealed_problem(data: dict) -> tuple[str, str] | None:
     if fields is None:
         return None
     if "sealed" not in data:
-        return None if fields[0] in data else (fields[0], "is missing")
+        return None if fields[0] in data or data["type"] in OPTIONAL_TEXT else (fields[0], "is missing")
     clear = [name for name in fields if name in data]
     return ("sealed", f"comes instead of {', '.join(fields)} (got {', '.join(clear)} too)") if clear else None
 

@@ -3,8 +3,9 @@
 An episode's text, source and metadata go on `episodes` sealed under a data
 key of the episode's own (streams/keys.py, streams/adapters/sealing.py), a
 belief's text and question under the belief's, a cycle's questions, drops
-and error under the cycle's; ids, times, counts and importance stay in
-clear, so the log still routes, orders and counts without a key. Whoever
+and error under the cycle's (a challenge cycle's reason and error too);
+ids, times, counts and importance stay in clear, so the log still routes,
+orders and counts without a key. Whoever
 reads the log opens what it reads (`Sealing.opener`); an erasure destroys
 the keys, and from then on every copy of those records — the topic, its
 replays, its dead letters, a backup — reads as erased (`open_event`).
@@ -24,8 +25,8 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from processors.dlq import accept
-from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, Event, ReflectionCreated,
-                     ReflectionCycleCompleted)
+from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, Event, ReflectionChallenged,
+                     ReflectionCreated, ReflectionCycleCompleted)
 from streams.adapters.sealing import KeyRing, Sealed, SealingError, open_sealed, seal
 from streams.keys import KeyStore, scope_of
 
@@ -42,6 +43,7 @@ SEALABLE: dict[type, Sealable] = {
     EpisodeRecorded: Sealable("episode", "episode_id", ("text", "source", "metadata")),
     ReflectionCreated: Sealable("belief", "reflection_id", ("text", "question")),
     ReflectionCycleCompleted: Sealable("cycle", "cycle_id", ("questions", "drops", "error")),
+    ReflectionChallenged: Sealable("cycle", "cycle_id", ("reason", "error")),  # a challenge cycle's
 }
 EMPTY = {"text": "", "questions": ()}  # what a sealed field holds in the record; the others None
 
@@ -69,6 +71,8 @@ def open_event(event: Event, key: bytes | None) -> Event | None:
     if key is None:
         if isinstance(event, ReflectionCycleCompleted):
             return dataclasses.replace(event, sealed=None, read_ids=())
+        if isinstance(event, ReflectionChallenged):  # its verdict and what it did, not why
+            return dataclasses.replace(event, sealed=None)
         return erased(event) if isinstance(event, EpisodeRecorded) else None
     clear = orjson.loads(open_sealed(key, Sealed.of(event.sealed), context(event)))
     opened = {k: tuple(v) if isinstance(v, list) else v for k, v in clear.items() if k in fields}

@@ -10,7 +10,8 @@ from processors.projector import (EpisodeProjector, ReflectionProjector, episode
                                   forgotten_point, plan_episodes, point_id)
 from processors.ports import GONE, POSITION, ViewPoint
 from streams.adapters.view.edge import EdgeView
-from schemas import EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionCreated, UserForgotten
+from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionChallenged, ReflectionCreated,
+                     UserForgotten)
 
 
 def rec(eid: str, text: str = "t", user: str = "u") -> EpisodeRecorded:
@@ -186,3 +187,18 @@ def test_an_erasures_proof_replayed_onto_an_older_copy_takes_the_episodes_text(p
     ReflectionProjector(view, HashingEmbedder()).apply([proof])
     assert "text" not in view.get([pid])[pid] and view.vectors([pid]) == {}
     assert view.get([episode_point(rec("b"))])[episode_point(rec("b"))]["text"] == "beta"
+
+
+def test_a_challenge_cycle_is_found_by_the_belief_and_the_challengers_it_read(tmp_path):
+    view = EdgeView(tmp_path, "reflect", 384)
+    try:
+        def challenge(cycle: str, reason: str | None) -> ReflectionChallenged:
+            return ReflectionChallenged(user_id="u", cycle_id=cycle, reflection_id="r1", challenger_ids=("e7", "e8"),
+                                        outcome="ok", reasoner="anthropic", usage={}, duration_ms=1.0,
+                                        verdict="holds", reason=reason)
+        # The second one's key is gone (what a replay reads after an erasure): nothing left to find it by.
+        ReflectionProjector(view, HashingEmbedder()).apply([challenge("c1", "why it holds"), challenge("c2", None)])
+        for read in ("r1", "e8"):
+            assert [p["cycle_id"] for _, p in view.scroll("u", kind="cycle", read_ids=read)] == ["c1"]
+    finally:
+        view.close()

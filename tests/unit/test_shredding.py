@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionCycleCompleted,
-                     decode)
+from schemas import (ContractError, EpisodeRecorded, EpisodeRetracted, ReflectionChallenged, ReflectionCreated,
+                     ReflectionCycleCompleted, decode)
 from streams.adapters.sealing import KeyRing, SealingError, new_key
 from streams.shredding import erased, open_event, opener, seal_event
 
@@ -106,3 +106,22 @@ def test_a_cycles_questions_and_notes_travel_sealed_and_once_erased_it_keeps_its
     erased_cycle = open_event(decode(wire), None)
     assert (erased_cycle.questions, erased_cycle.drops, erased_cycle.dropped) == ((), None, 1)
     erased_cycle.encode()  # what is left is a valid event
+
+
+def test_a_challenges_reason_travels_sealed_and_once_erased_it_keeps_its_verdict():
+    challenge = ReflectionChallenged(user_id="ana", cycle_id="ana:challenge:1", reflection_id="r1",
+                                     challenger_ids=("e7", "e8"), outcome="ok", reasoner="anthropic",
+                                     usage={"calls": 1, "input_tokens": 9, "output_tokens": 9}, duration_ms=1.0,
+                                     verdict="contradicted", cited_ids=("e7",), status="superseded",
+                                     reason=f"the user now skips {PHRASE}")
+    key = new_key()
+    wire = seal_event(challenge, "k", key).encode()
+    assert b"heron" not in wire and b'"verdict":"contradicted"' in wire
+    assert open_event(decode(wire), key) == challenge
+    left = open_event(decode(wire), None)
+    assert (left.reason, left.verdict, left.status) == (None, "contradicted", "superseded")
+    left.encode()
+    with pytest.raises(ContractError, match="sealed"):  # a reason beside a sealed one
+        decode(wire.replace(b'"verdict"', b'"reason":"x","verdict"'))
+    # A challenge that failed says nothing in clear: neither text is required.
+    decode(dataclasses.replace(challenge, reason=None).encode())
