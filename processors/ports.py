@@ -163,8 +163,10 @@ class VectorStore(Protocol):
         """Every user the view holds a point of (the engine's facet on user_id)."""
         ...
 
-    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None) -> None:
-        """Every point of these users gone (with `kinds`, of those kinds), vectors, payloads and all."""
+    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None, before: int | None = None) -> None:
+        """Every point of these users gone, vectors, payloads and all; with
+        `kinds`, of those kinds; with `before`, but those logged at or after
+        it (POSITION: a forget keeps what the user said after it)."""
         ...
 
     def flush(self) -> None: ...

@@ -256,7 +256,7 @@ class EpisodeProjector:
         """The user's episodes logged before the forget, gone (a replay: the
         live path's forget runs in the user's request order, and destroys the
         keys, so the user's beliefs and cycles never come back in a replay)."""
-        self.view.forget([event.user_id], kinds=["episode"])
+        self.view.forget([event.user_id], kinds=["episode"], before=before)
         pid = forgotten_point(event.user_id)
         if self.view.get([pid]).get(pid, {}).get("forget_id") != event.event_id:  # the live forget's says more
             self.view.upsert([ViewPoint(pid, None, forgotten_payload(event, before))])

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from streams.client import ReflectClient
+from streams.client_results import ReflectApiError
 
 
 def render(node: dict[str, Any], indent: str = "") -> list[str]:
@@ -42,11 +43,28 @@ def explain(client: ReflectClient, args) -> int:
     return 0
 
 
+def started(client: ReflectClient, deadline: float) -> dict:
+    """A rebuild started in the running worker, once the scrub or compaction
+    it is running (after an erasure, say) is over; another rebuild is refused."""
+    waiting = None
+    while True:
+        try:
+            return client.start_rebuild()
+        except ReflectApiError as refused:
+            kind = client.rebuild_progress().get("kind")
+            if refused.status != 409 or kind == "rebuild" or time.monotonic() > deadline:
+                raise
+            if kind != waiting:
+                print(f"waiting for the running {kind} to end", file=sys.stderr)
+                waiting = kind
+        time.sleep(0.2)  # polling the worker's state, as the progress display below does
+
+
 def rebuild(client: ReflectClient, args) -> int:
     """Start a rebuild in the running worker and follow it to the swap."""
-    started = client.start_rebuild()
-    print(f"rebuilding {started['old_view']} from the log; reads keep answering from it", file=sys.stderr)
     deadline = time.monotonic() + args.timeout
+    began = started(client, deadline)
+    print(f"rebuilding {began['old_view']} from the log; reads keep answering from it", file=sys.stderr)
     while time.monotonic() < deadline:
         progress = client.rebuild_progress()
         done, total = progress["events"], max(progress["total"], 1)

@@ -239,7 +239,8 @@ class RequestsPipeline(Runner):
         position, so no request asked later can come between; then the state
         (a walk cut short is redone from the state before it). The user's
         lock keeps the reflections pipeline's check of a late belief out
-        meanwhile."""
+        meanwhile; the projection lock, a swap of the view (a scrub's)
+        between the walk's writes to the view and its events on the log."""
         if self.done_already(request):
             return
         retraction, user, table = request.retraction(), request.user_id, self.runtime.tables.provenance
@@ -254,16 +255,20 @@ class RequestsPipeline(Runner):
                               and not isinstance(e, ErasureCompleted)])
                 return state, made, known
 
-            done = await self.runtime.policy.alone("invalidate", lambda: asyncio.to_thread(walk), message)
+            # The walk's writes to the view and its events on the log, with no swap of the view between (a
+            # scrub's, a compaction's): its strip of the episode is not on the log, its proof is, after it.
+            async with self.runtime.projection_lock:
+                done = await self.runtime.policy.alone("invalidate", lambda: asyncio.to_thread(walk), message)
+                if done is not FAILED:
+                    state, made, known = done
+                    proofs = [e for e in made if isinstance(e, ErasureCompleted)]
+                    await self.shred(proofs)  # then its proof, in the view and on the log
+                    await self.runtime.policy.until_done("project", lambda: asyncio.to_thread(self.project, proofs))
+                    await self.publish([e for e in made if isinstance(e, REFLECTION_TYPES)])
             if done is not FAILED:
-                state, made, known = done
-                proofs = [e for e in made if isinstance(e, ErasureCompleted)]
-                await self.shred(proofs)  # then its proof, in the view and on the log
-                await self.runtime.policy.until_done("project", lambda: asyncio.to_thread(self.project, proofs))
                 if not known:
                     log.info("retraction of episode %s of user %s, which the view never held: a tombstone, "
                              "nothing to invalidate", retraction.episode_id, user)
-                await self.publish([e for e in made if isinstance(e, REFLECTION_TYPES)])
                 self.runtime.scrub_asked |= bool(proofs)  # the erased text out of the view's files too
                 metrics.invalidations(made)
                 revalidations = placed([e for e in made if isinstance(e, ReflectionRequested)], request.position)
@@ -315,7 +320,7 @@ class RequestsPipeline(Runner):
                 episodes=(), beliefs=(), keys=(f"user:{user}",) if runtime.sealing else (), points=points,
                 occurred_at=request.occurred_at)
             await runtime.policy.until_done("project", lambda: asyncio.to_thread(self.project, [proof]))
-        await self.publish([proof])
+            await self.publish([proof])  # lock held: a swap of the view sees the drop and its proof, or neither
         runtime.scrub_asked = True
         log.info("user %s forgotten (%s): their keys destroyed, %d point(s) dropped from the view", user,
                  request.event_id, points)
@@ -323,18 +328,24 @@ class RequestsPipeline(Runner):
 
     async def drop(self, request: UserForgotten, partition: int) -> int:
         """The user's keys destroyed, then their points and the marker
-        (`forget`); how many points left the view."""
+        (`forget`); how many points left the view. Episodes logged after the
+        keys went are kept: they are the user's anew (sealed under new keys;
+        in clear, those logged after the forget are, as a replay keeps them)."""
         runtime, user, kinds = self.runtime, request.user_id, ["episode", "reflection", "cycle"]  # not proofs
         if runtime.sealing is not None:
             await runtime.policy.until_done("shred", lambda: runtime.sealing.destroy("user", user))
         settings = runtime.settings
-        before = [await runtime.policy.until_done("read-log", lambda t=topic: runtime.log.past_end(t, partition))
-                  for topic in (settings.topic_episodes, settings.topic_reflections)]
+        ends = [await runtime.policy.until_done("read-log", lambda t=topic: runtime.log.past_end(t, partition))
+                for topic in (settings.topic_episodes, settings.topic_reflections)]
+        before = ends[0] if runtime.sealing is not None and runtime.sealing.writes else request.position
 
         def drop() -> int:
-            points = sum(runtime.view.count(user, kind=kind) for kind in kinds)
-            runtime.view.forget([user], kinds=kinds)
-            marker = forgotten_payload(request, *before) | {"points": points}
+            def held() -> int:
+                return sum(runtime.view.count(user, kind=kind) for kind in kinds)
+            points = held()
+            runtime.view.forget([user], kinds=kinds, before=before)
+            points -= held()
+            marker = forgotten_payload(request, before, ends[1]) | {"points": points}
             runtime.view.upsert([ViewPoint(forgotten_point(user), None, marker)])
             return points
         return await runtime.policy.until_done("project", lambda: asyncio.to_thread(drop))

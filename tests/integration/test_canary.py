@@ -73,6 +73,13 @@ def in_files(settings, phrases: list[bytes]) -> list[Path]:
         return [Path(settings.data_dir)]
 
 
+def rebuilt(w) -> None:
+    """`reflect rebuild`, which waits for the scrubs the erasures asked for, if one still runs."""
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api", w.client.api],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 def raw_records(settings) -> dict[str, list[bytes]]:
     return asyncio.run(deployment_records(settings))
 
@@ -133,9 +140,7 @@ def test_an_erased_phrase_is_found_nowhere_and_a_rebuild_does_not_bring_it_back(
     assert PHRASE not in w.log_path.read_bytes()
     # The view's own files: rewritten point by point once the erasures are done (a scrub).
     wait_for(lambda: not in_files(s, [PHRASE]), 120, "no file of the data directory holding the phrase")
-    done = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api", w.client.api],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    rebuilt(w)
     assert PHRASE not in served(w, "cara", ids)
     assert not set(taken) & {b["reflection_id"] for b in w.get("/v1/users/cara/beliefs")["beliefs"]}
     assert w.stats("cara").get("episodes") == len(OTHER)  # the erased ones are tombstones, not episodes
@@ -206,9 +211,7 @@ def test_a_forgotten_user_is_found_nowhere_and_other_users_are_untouched(setting
     w.client.record("dana", "Dana starts over with the plain weekly review", 0.5, episode_id="anew")
     wait_for(lambda: w.stats("dana").get("episodes") == 1, 30, "the new episode projected")
 
-    done = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api", w.client.api],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    rebuilt(w)
     assert not [p for p in gone if p in served(w, "dana", ids, other=len(ELSE))]
     assert w.get("/v1/users/dana/beliefs")["beliefs"] == [] and w.stats("dana").get("episodes") == 1
     assert "starts over" in w.get("/v1/users/dana/episodes/anew")["text"]

@@ -25,8 +25,8 @@ from processors.projector import point_id
 from processors.reasoners import OfflineReasoner
 from streams.adapters.view.edge import EdgeView
 from streams.adapters.view.shared import SharedView
-from schemas import (EpisodeRecorded, EpisodeRetracted, GateRequested, InvalidationRequested, ReflectionChallenged,
-                     ReflectionCreated, ReflectionCycleCompleted, decode)
+from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, GateRequested, InvalidationRequested,
+                     ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted, UserForgotten, decode)
 from streams.pipeline.policy import PROBE_USER, Backoff
 from streams.runtime import Runtime
 from streams.settings import Settings
@@ -81,6 +81,8 @@ class Witness:
         runtime.app.on_write = self
 
     def __call__(self, table: str, key: str, value) -> None:
+        if table in self.checks and not value:  # cleared (a forget): it counts nothing
+            return
         problem = self.checks.get(table, lambda key, value: "the witness knew the table")(key, value)
         if problem:
             self.broken.append(f"{table}[{key}] written before {problem}")
@@ -133,6 +135,11 @@ class Witness:
                  if e.user_id == user and e.sequence == sequence and not isinstance(e, GateRequested)]
         if asked and isinstance(asked[0], InvalidationRequested):  # its decisions: see gone_in_view
             return self.gone_in_view(user, {"gone": [asked[0].episode_id]})
+        if asked and isinstance(asked[0], UserForgotten):  # its proof on the log
+            if not any(isinstance(e, ErasureCompleted) and e.erasure_id == asked[0].event_id
+                       for e in self.outlets.reflections.events()):
+                return f"forget {asked[0].event_id} was proved on the log"
+            return None
         cycles = [e.cycle_id for e in asked]
         if not cycles:
             return f"request {sequence} was on the requests topic"
@@ -400,3 +407,30 @@ def test_a_redelivered_tail_of_every_topic_changes_nothing(tmp_path):
     assert after["view"] == before["view"]
     assert after["tables"] == before["tables"]
     assert not run.witness.broken
+
+
+def test_a_forget_drops_one_users_points_once_and_keeps_what_they_say_after(calm, tmp_path):
+    gone, other = USERS[0], USERS[1]
+    anew = EpisodeRecorded(user_id=gone, episode_id="anew", text="said after the forget", importance=0.5)
+
+    async def forgotten():
+        run = start(tmp_path)
+        await run.worker.run([*EVENTS, UserForgotten(user_id=gone), anew])
+        outlets = run.runtime.outlets
+        forward = next(i for i, e in enumerate(outlets.requests.events()) if isinstance(e, UserForgotten))
+        proofs = [e for e in outlets.reflections.events() if isinstance(e, ErasureCompleted) and e.scope == "user"]
+        # A crash once its points were dropped, before it was marked done: the forget is read again.
+        run.runtime.tables.requests_done.data[gone] = outlets.requests.events()[forward].sequence - 1
+        run.worker.redeliver(outlets.requests, forward)
+        await run.worker.drain()
+        again = [e for e in outlets.reflections.events() if isinstance(e, ErasureCompleted) and e.scope == "user"]
+        return run, proofs, again
+
+    run, proofs, again = asyncio.run(forgotten())
+    assert len(proofs) == 1 and proofs[0].points >= len(calm["episodes"][gone])
+    assert {p["episode_id"] for _, p in run.view.scroll(gone, kind="episode")} == {"anew"}  # not dropped again
+    assert run.view.count(gone, kind="reflection") == run.view.count(gone, kind="cycle") == 0
+    assert again[-1].points == proofs[0].points and again[-1].event_id == proofs[0].event_id
+    assert run.outcome()["beliefs"][other] == calm["beliefs"][other]
+    assert run.outcome()["episodes"][other] == calm["episodes"][other]
+    assert not run.witness.broken and not run.dead_letters()

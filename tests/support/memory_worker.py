@@ -113,6 +113,9 @@ class MemoryLog:
     async def end(self, topic: str, partition: int) -> int:
         return len(self.app.topic(topic).records)
 
+    async def past_end(self, topic: str, partition: int) -> int:
+        return await self.end(topic, partition)
+
     async def holds(self, topic: str, partition: int, since: int, event_ids) -> set[str]:
         return set(event_ids) & {event_id(value) for _, value, _ in self.app.topic(topic).records[since:]}
 

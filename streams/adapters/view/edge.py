@@ -245,13 +245,15 @@ class EdgeView:
         # Edge's exact facet still lists a deleted value, with a count of 0.
         return sorted(str(h.value) for h in found.hits if h.count and h.value != NO_USER)
 
-    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None) -> None:
+    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None, before: int | None = None) -> None:
         if user_ids:
             q = self._q
             must = [q.FieldCondition(key="user_id", match=q.MatchAny(any=list(user_ids)))]
             if kinds is not None:
                 must.append(q.FieldCondition(key="kind", match=q.MatchAny(any=list(kinds))))
-            self._shard.update(q.UpdateOperation.delete_points_by_filter(q.Filter(must=must)))
+            chosen = q.Filter(must=must) if before is None else \
+                q.Filter(must=must, must_not=[q.FieldCondition(key=POSITION, range=q.RangeFloat(gte=before))])
+            self._shard.update(q.UpdateOperation.delete_points_by_filter(chosen))
 
     def flush(self) -> None:
         self._shard.flush()

@@ -131,13 +131,15 @@ class QdrantView:
         found = self.client.facet(self.target, key="user_id", limit=MAX_USERS, exact=True)
         return sorted(str(h.value) for h in found.hits if h.count and h.value != NO_USER)
 
-    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None) -> None:
+    def forget(self, user_ids: Sequence[str], kinds: Sequence[str] | None = None, before: int | None = None) -> None:
         if user_ids:
             m = self._m
             must = [m.FieldCondition(key="user_id", match=m.MatchAny(any=list(user_ids)))]
             if kinds is not None:
                 must.append(m.FieldCondition(key="kind", match=m.MatchAny(any=list(kinds))))
-            self.client.delete(self.target, points_selector=m.FilterSelector(filter=m.Filter(must=must)))
+            keep = None if before is None else [m.FieldCondition(key=POSITION, range=m.Range(gte=before))]
+            chosen = m.Filter(must=must, must_not=keep)
+            self.client.delete(self.target, points_selector=m.FilterSelector(filter=chosen))
 
     def count(self, user_id: str, **match: str) -> int:
         return self.client.count(self.target, count_filter=self._filter(user_id, match), exact=True).count
