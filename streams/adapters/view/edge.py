@@ -317,7 +317,8 @@ class EdgeView:
         """A successor holding what this shard holds, written point by point:
         none of its files ever held what was stripped or deleted here (a
         shard keeps an erased text in its WAL and payload pages until it is
-        dropped). Only while no write runs (SharedView.writes_held)."""
+        dropped). Writes may go on meanwhile: a scrub replays what they
+        change onto it (streams/compaction.py)."""
         fresh = self.successor()
         for user in [*self.users(), NO_USER]:
             points = self.scroll(user)
