@@ -17,7 +17,7 @@ their cycles ran: this state sees only the episodes topic, in log order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from schemas import (EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested,
                      UserForgotten, parse_time)
@@ -85,7 +85,8 @@ def _remember(acc: Accumulator, record: dict[str, Any]) -> tuple[dict[str, Any],
     return (*acc.recent, record)[-WINDOW:]
 
 
-def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator, ReflectionRequested | None]:
+def admit(acc: Accumulator, event: Event,
+          trigger: Trigger) -> tuple[Accumulator, ReflectionRequested | UserForgotten | None]:
     """Fold one event into the user's accumulator; maybe ask for a cycle."""
     if isinstance(event, EpisodeRetracted):
         return replace(acc, recent=tuple(r for r in acc.recent if r["id"] != event.episode_id)), None
@@ -107,7 +108,7 @@ def admit(acc: Accumulator, event: Event, trigger: Trigger) -> tuple[Accumulator
 
 
 def admit_all(current: Callable[[str], Accumulator], events: Iterable[Event],
-              trigger: Trigger) -> tuple[dict[str, Accumulator], list[ReflectionRequested]]:
+              trigger: Trigger) -> tuple[dict[str, Accumulator], list[ReflectionRequested | UserForgotten]]:
     """Fold a batch in order: the changed accumulators by user and the requests
     they fired. `current(user)` is the state before the batch."""
     changed: dict[str, Accumulator] = {}
@@ -148,7 +149,10 @@ def kind_of(request) -> str:
     return getattr(request, "why", "challenge")  # a ChallengeRequested has no `why`: it is one kind
 
 
-def number(acc: Accumulator, request: ReflectionRequested) -> tuple[Accumulator, ReflectionRequested]:
+Asked = TypeVar("Asked", ReflectionRequested, InvalidationRequested, UserForgotten)
+
+
+def number(acc: Accumulator, request: Asked) -> tuple[Accumulator, Asked]:
     """The request with the user's next sequence number."""
     why = kind_of(request)
     by_why = {**acc.asked_by, why: acc.asked_by.get(why, 0) + 1}

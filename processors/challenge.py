@@ -212,7 +212,7 @@ def subject_terms(text: str) -> set[str]:
 def choices(text: str) -> tuple[set[str], set[str]]:
     """(chosen, rejected) stemmed terms a text names; a term both chosen and
     rejected ("no longer wants polars" holds "wants polars") is rejected."""
-    plain, chosen, rejected = _plain(text), set(), set()
+    plain, chosen, rejected = _plain(text), set[str](), set[str]()
     for pattern, pick, drop in _CHOOSE:
         for match in pattern.finditer(plain):
             for group, into in ((pick, chosen), (drop, rejected)):
@@ -251,7 +251,7 @@ def judge_one(belief: str, evidence: Sequence[str], challenger: str) -> tuple[st
     cue = _REFINE.search(plain)
     if cue:
         return "refined", f"qualifier {cue.group(0)!r}"
-    held_chosen, held_rejected = Counter(), Counter()
+    held_chosen, held_rejected = Counter[str](), Counter[str]()
     for text in side:
         chosen, rejected = choices(text)
         held_chosen.update(chosen)
@@ -299,7 +299,7 @@ def successor_text(verdict: str, belief: str, cited: Sequence[str]) -> str:
     choice the cited challengers name, else the terms they share."""
     if verdict not in ("refined", "contradicted") or not cited:
         return ""
-    chosen, rejected = Counter(), Counter()
+    chosen, rejected = Counter[str](), Counter[str]()
     for text in cited:
         c, r = choices(text)
         chosen.update(c)

@@ -73,12 +73,12 @@ def group(similarity: np.ndarray, cut: float) -> list[list[int]]:
         if link[a, b] < cut:
             break
         a, b = min(a, b), max(a, b)
-        na, nb = len(groups[a]), len(groups[b])
-        merged = (na * link[a] + nb * link[b]) / (na + nb)  # Lance–Williams, average linkage
+        ga, gb = groups[a] or [], groups[b] or []  # both still open: a merged group is None
+        merged = (len(ga) * link[a] + len(gb) * link[b]) / (len(ga) + len(gb))  # Lance–Williams, average linkage
         link[a], link[:, a] = merged, merged
         link[a, a] = -np.inf
         link[b], link[:, b] = -np.inf, -np.inf
-        groups[a], groups[b] = groups[a] + groups[b], None
+        groups[a], groups[b] = ga + gb, None
     return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
 
 
@@ -119,7 +119,7 @@ def _word(token: str) -> str:
 
 def words(text: str) -> set[str]:
     """The words a template keeps: numbers and code identifiers are its values."""
-    return {w for t in _TOKEN.findall(text) for w in [_word(t)] if w and not is_value(_PUNCTUATED.match(t).group(2))}
+    return {w for t in _TOKEN.findall(text) for w in [_word(t)] if w and not is_value(_parts(t)[1])}
 
 
 def one_template(a: set[str], b: set[str]) -> bool:
@@ -192,6 +192,14 @@ _IDENTIFIER = re.compile(r"\d|[/_]|\w\.[a-z]{2,}")  # a number, a path, a snake_
 _PUNCTUATED = re.compile(r"^([(\[\"']*)(.*?)([)\]\"':;,.!?]*)$", re.S)
 
 
+def _parts(token: str) -> tuple[str, str, str]:
+    """A token's leading punctuation, its core and its trailing punctuation
+    (every part may be empty, so the pattern matches any token)."""
+    match = _PUNCTUATED.match(token)
+    assert match is not None
+    return match.group(1), match.group(2), match.group(3)
+
+
 def is_value(token: str) -> bool:
     """Which one, not what: numbers and code identifiers (paths, file and
     snake_case names) differ between two records of the same habit."""
@@ -204,7 +212,7 @@ def generalized(core: str) -> str:
     stays the one the user's agent wrote."""
     out: list[str] = []
     for token in _TOKEN.findall(core):
-        head, value, tail = _PUNCTUATED.match(token).groups()
+        head, value, tail = _parts(token)
         if not is_value(value):
             out.append(token)
         elif out and out[-1].endswith(GAP) and not head:

@@ -241,16 +241,14 @@ class EpisodeProjector:
 
     def _around_forgets(self, events: Sequence[Event], positions: Sequence[int] | None) -> Projected:
         """The batch in the runs between its forgets, each forget where it was logged."""
-        done, run, at = Projected(), [], list(positions) if positions else [None] * len(events)
-        for event, position in zip(events, at):
+        done, start = Projected(), 0
+        for i, event in enumerate(events):
             if isinstance(event, UserForgotten):
-                done += self.apply([e for e, _ in run], [p for _, p in run] if positions else None)
-                run = []
+                done += self.apply(events[start:i], positions and positions[start:i])
                 if self.erase_now:
-                    self.forget(event, position)
-            else:
-                run.append((event, position))
-        return done + self.apply([e for e, _ in run], [p for _, p in run] if positions else None)
+                    self.forget(event, positions[i] if positions else None)
+                start = i + 1
+        return done + self.apply(events[start:], positions and positions[start:])
 
     def forget(self, event: UserForgotten, before: int | None) -> None:
         """The user's episodes logged before the forget, gone (a replay: the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class Remembered:
     ASKING = frozenset({"questions", "insights", "insights_for", "verdict"})
 
     def __init__(self, reasoner: Reasoner) -> None:
-        self._reasoner, self._answers = reasoner, {}
+        self._reasoner, self._answers = reasoner, dict[Any, Any]()
 
     def __getattr__(self, name: str):
         attribute = getattr(self._reasoner, name)

@@ -275,7 +275,7 @@ def _asked(call, *args, **kwargs):
     try:
         return call(*args, **kwargs)
     except Exception as exc:
-        exc.from_reasoner = True
+        setattr(exc, "from_reasoner", True)  # read by the cycle's error report
         raise
 
 

@@ -36,6 +36,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streams.adapters.sealing import KeyRing, Sealed, SealingError, new_key, unwrap_under, wrap_under
+from streams.security import client_options
 
 DESTROYED = b'{"destroyed":true}'
 
@@ -52,7 +53,6 @@ class KeyUnknown(SealingError):
     another than its writer's, or was lost. Never read as erased; retried,
     so the reader waits (and says why) rather than dropping what it reads."""
     retriable = True
-from streams.security import client_options
 
 log = logging.getLogger("reflect")
 KINDS = ("user", "episode", "belief", "cycle")
