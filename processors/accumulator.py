@@ -17,7 +17,7 @@ their cycles ran: this state sees only the episodes topic, in log order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from schemas import (EpisodeRecorded, EpisodeRetracted, Event, InvalidationRequested, ReflectionRequested,
                      UserForgotten, parse_time)
@@ -105,20 +105,6 @@ def admit(acc: Accumulator, event: Event,
     # The cycle happens at the valid time of the episode that fired it: the
     # time its evidence is bounded by and its beliefs are valid from.
     return fire(acc, event.user_id, "threshold", event.occurred_at)
-
-
-def admit_all(current: Callable[[str], Accumulator], events: Iterable[Event],
-              trigger: Trigger) -> tuple[dict[str, Accumulator], list[ReflectionRequested | UserForgotten]]:
-    """Fold a batch in order: the changed accumulators by user and the requests
-    they fired. `current(user)` is the state before the batch."""
-    changed: dict[str, Accumulator] = {}
-    requests = []
-    for event in events:
-        user = event.user_id
-        changed[user], request = admit(changed[user] if user in changed else current(user), event, trigger)
-        if request is not None:
-            requests.append(request)
-    return changed, requests
 
 
 FORWARDED = 16  # manual cycle ids remembered: a redelivered one is not forwarded twice

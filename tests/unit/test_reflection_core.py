@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from hypothesis import given, strategies as st
 
-from processors.accumulator import WINDOW, Accumulator, Trigger, admit, admit_all
+from processors.accumulator import WINDOW, Accumulator, Trigger, admit
 from processors.reflection import Candidate, Insight, judge, reflection_id, rerank
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested, UserForgotten, decode
 
@@ -60,16 +60,6 @@ def test_recent_window_is_bounded_and_forgets_retractions():
     ids = [r["id"] for r in acc.recent]
     assert ids[-1] == f"e{WINDOW + 19}" and "e50" not in ids and len(ids) == WINDOW - 1
     assert Accumulator.from_dict(acc.to_dict()) == acc
-
-
-def test_a_batch_folds_as_its_events_one_by_one():
-    trigger = Trigger(threshold=3.0, min_episodes=2, salience_cut=0.5)
-    events = [ep(i, 0.5) for i in range(13)] + [ep(i, 0.9, user="v") for i in range(5)]
-    one_by_one, requests = feed(Accumulator(), [e for e in events if e.user_id == "u"], trigger)
-    changed, batched = admit_all(lambda user: Accumulator(), events, trigger)
-    assert changed["u"] == one_by_one and [r.cycle_id for r in batched] == ["u:1", "u:2", "v:1"]
-    assert [(r.cycle_id, r.window_episode_ids) for r in batched if r.user_id == "u"] == \
-        [(r.cycle_id, r.window_episode_ids) for r in requests]
 
 
 def cand(i: int, sim: float, imp: float = 0.5, hours: float = 0, depth: int = 0) -> Candidate:
