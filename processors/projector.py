@@ -47,6 +47,12 @@ def forgotten_point(user_id: str) -> str:
     return point_id("forgotten", user_id, "")
 
 
+def proof_point(erasure: EpisodeRetracted) -> str:
+    """Where the proof of an erasure's walk lies: its erasure_id is the
+    retraction's own event id (processors/invalidator.py)."""
+    return point_id("erasure", erasure.user_id, erasure.event_id)
+
+
 def forgotten_payload(event: UserForgotten, before: int | None, reflections_before: int | None = None) -> dict:
     """`before`, `reflections_before`: past the last record the user's old
     life has in their partition of `episodes`, of `reflections`."""
@@ -190,19 +196,24 @@ class Projected:
 class EpisodeProjector:
     """Applies batches of validated episode events to the view (the I/O shell).
 
-    `erase_now`: whether an erasure takes the episode's text here. The live
-    pipeline leaves it to the erasure's walk (processors/invalidator.py),
-    which runs after the cycles asked before the erasure: they still read the
-    text, so an erasure does not make beliefs depend on timing, and no read
-    serves the episode meanwhile. A replay (a rebuild, a catch-up) takes it
-    at once: its walk ran already, or runs on this view. The same goes for a
-    forget (UserForgotten)."""
+    An erasure takes the episode's text once the proof of its walk is in
+    the view (ReflectionProjector takes it when the proof comes second):
+    until the walk, which runs after the cycles asked before the erasure,
+    they still read the text, so an erasure does not make beliefs depend on
+    timing, and no read serves the episode meanwhile. The same holds for a
+    replay (a rebuild, a catch-up, a compaction's copy brought up to date):
+    a view swapped in before the walk reads as the live one would.
 
-    def __init__(self, view: VectorStore, embedder: Embedder, erase_now: bool = True,
+    `forget_now`: whether a forget (UserForgotten) takes the user's episodes
+    here. The live pipeline leaves it to the forget itself, in the user's
+    request order; a replay takes it where it was logged: the old life's
+    beliefs go with the forget's proof whatever its cycles read."""
+
+    def __init__(self, view: VectorStore, embedder: Embedder, forget_now: bool = True,
                  unseen: Callable[[str], bool] | None = None) -> None:
         self.view = view
         self.embedder = embedder
-        self.erase_now = erase_now
+        self.forget_now = forget_now
         self.unseen = unseen  # episodes no cycle may read (a replay's `without`): gone where they were logged
 
     def apply(self, events: Sequence[Event], positions: Sequence[int] | None = None) -> Projected:
@@ -213,18 +224,21 @@ class EpisodeProjector:
             return Projected()
         if any(isinstance(e, UserForgotten) for e in events):
             return self._around_forgets(events, positions)
-        held = self.view.get(list({*map(episode_point, events), *(forgotten_point(e.user_id) for e in events)}))
+        proofs = [proof_point(e) for e in events if isinstance(e, EpisodeRetracted) and erases(e)]
+        held = self.view.get(list({*map(episode_point, events), *(forgotten_point(e.user_id) for e in events),
+                                   *proofs}))
+        proved = {pid for pid in proofs if pid in held}
         events, positions = remembered(events, positions, held, "before", (EpisodeRecorded,))
         known = {pid: p for pid, p in held.items() if p.get("kind") == "episode"}
         retracted = {pid for pid, p in known.items() if p.get("status") == "retracted"}
         plan = plan_episodes(events, retracted)
         first = first_positions(events, positions, known)
         # A retracted episode keeps its text and vector (an erased one until
-        # its walk, unless erase_now), marked with the retraction's position:
+        # its walk's proof), marked with the retraction's position:
         # a cycle asked before the retraction still reads it (processors/ports.py,
         # GONE), whenever it runs, and in whatever batches the log was projected.
         kept = [plan.retracted_records[episode_point(e)] for e in plan.retractions
-                if not self._erased_here(e) and episode_point(e) not in known
+                if not self._proved(e, proved) and episode_point(e) not in known
                 and episode_point(e) in plan.retracted_records]
         texts = [*plan.upserts, *kept]
         if texts:
@@ -234,7 +248,7 @@ class EpisodeProjector:
                               for e, vec, payload in zip(texts, vectors, payloads)])
         at = dict(zip(map(id, events), positions or ()))
         for event in plan.retractions:
-            self._retract(event, known, plan, at.get(id(event)), first)
+            self._retract(event, known, plan, at.get(id(event)), first, proved)
         # No flush per batch: Qdrant Edge writes each update to its WAL first,
         # which survived SIGKILL here; flushing every batch halved throughput.
         return Projected(len(plan.upserts), len(plan.retractions))
@@ -245,7 +259,7 @@ class EpisodeProjector:
         for i, event in enumerate(events):
             if isinstance(event, UserForgotten):
                 done += self.apply(events[start:i], positions and positions[start:i])
-                if self.erase_now:
+                if self.forget_now:
                     self.forget(event, positions[i] if positions else None)
                 start = i + 1
         return done + self.apply(events[start:], positions and positions[start:])
@@ -266,15 +280,18 @@ class EpisodeProjector:
             return payload
         return {**payload, GONE: payload[POSITION]}
 
-    def _erased_here(self, event: EpisodeRetracted) -> bool:
-        return erases(event) and self.erase_now
+    @staticmethod
+    def _proved(event: EpisodeRetracted, proved: set[str]) -> bool:
+        """An erasure whose walk is done: its text goes now."""
+        return erases(event) and proof_point(event) in proved
 
-    def _retract(self, event: EpisodeRetracted, known: dict, plan: Plan, at: int | None, first: dict) -> None:
+    def _retract(self, event: EpisodeRetracted, known: dict, plan: Plan, at: int | None, first: dict,
+                 proved: set[str]) -> None:
         pid = episode_point(event)
         gone = known.get(pid, {}).get(GONE, at)  # an erasure after a retraction: still gone since the first
         keys = retraction_payload(event) | ({} if gone is None else {GONE: gone})
         recorded = plan.retracted_records.get(pid)
-        if not self._erased_here(event) and (pid in known or recorded is not None):
+        if not self._proved(event, proved) and (pid in known or recorded is not None):
             self.view.patch([pid], keys)
         elif pid in known:
             self.view.strip([pid], keys, drop=["text"])

@@ -70,7 +70,7 @@ class EpisodesPipeline(Runner):
     async def handle(self, admitted: list[tuple[Event, Any]], prepared: dict | None = None) -> None:
         embedder = Precomputed(self.runtime.embedder, prepared or {})
         unseen = self.replaying.spec.unseen if self.replaying else None
-        projector = EpisodeProjector(self.runtime.view, embedder, erase_now=False, unseen=unseen)
+        projector = EpisodeProjector(self.runtime.view, embedder, forget_now=False, unseen=unseen)
         project = metrics.timed_apply(lambda at: projector.apply([r for r, _ in at], [p for _, p in at]), "episode")
         for segment in segments(admitted):
             # Projected at once, late or not: a cycle reads only what its request's position precedes.

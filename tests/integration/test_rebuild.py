@@ -15,6 +15,7 @@ from streams.producer import Publisher
 from streams.topics import ensure_topics
 from support.harness import run, wait_for
 from support.messages_api import MessagesServer, OfflineModel
+from support.runs import Model, worker_env
 from support.swaps import publish_rounds, snapshot
 
 pytestmark = pytest.mark.integration
@@ -102,3 +103,41 @@ async def _cycle_ids(settings, topic, kinds) -> set[str]:
         return seen
     finally:
         await consumer.stop()
+
+
+HELD = ["Fay keeps the plover-ember checklist next to every deploy of the billing service",
+        "Fay reviewed the scheduler filters with the team on Tuesday",
+        "Fay wants the export job's logs attached before anyone retries it",
+        "Fay paired with us on the flaky search test"]
+
+
+def test_a_cycle_asked_before_an_erasure_reads_the_text_even_after_a_rebuild_before_the_walk(settings, worker):
+    """An erasure takes an episode's text in its walk, after the cycles asked
+    before it: a view rebuilt in between must not take it sooner, or what they
+    believe would depend on when the rebuild ran. The stand-in model holds the
+    user's first cycle, so the second, asked before the erasure, runs after
+    the rebuild; it must read the erased episode as the first did."""
+    model = Model()
+    try:
+        w = worker(replace(settings, threshold=1000.0, reasoner="anthropic"), env=worker_env(model))
+        for i, text in enumerate(HELD):
+            w.client.record("fay", text, 0.8, episode_id=f"held-{i}")
+        wait_for(lambda: w.stats("fay").get("episodes") == len(HELD), 30, "episodes projected")
+        model.hold = "record_insights"
+        w.client.reflect("fay")
+        wait_for(model.held.is_set, 60, "the first cycle held in its model call")
+        w.client.reflect("fay")  # asked before the erasure: it reads held-0 when it runs
+        w.client.retract("fay", "held-0", "erasure")
+        wait_for(lambda: w.stats("fay").get("episodes") == len(HELD) - 1, 30, "the erasure projected")
+        done = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api", w.client.api],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        model.release.set()
+        calls = wait_for(lambda: (c := [text for tool, user, text in model.read if tool == "record_insights"])
+                         and len(c) == 2 and c, 60, "the second cycle's model call")
+        assert "plover-ember" in calls[0] and "plover-ember" in calls[1]
+        # Then the walk, and the text is gone.
+        wait_for(lambda: "plover-ember" not in orjson.dumps(w.get("/v1/users/fay/episodes/held-0")).decode(), 60,
+                 "the erasure's walk")
+    finally:
+        model.close()

@@ -85,17 +85,46 @@ def test_apply_projects_payload_and_retraction_leaves_a_tombstone(projector):
     assert b == {"user_id": "u", "kind": "episode", "episode_id": "b", "text": "beta", "importance": 0.5,
                  "occurred_at": b["occurred_at"], "recorded_at": b["recorded_at"], "status": "recorded",
                  "depth": 0, POSITION: 1}
-    assert a["status"] == c["status"] == z["status"] == "retracted" and "text" not in c and "text" not in z
-    # Retracted as incorrect, it keeps its text for the cycles asked before the retraction (GONE).
-    assert a["text"] == "alpha" and (a[POSITION], a[GONE]) == (0, 4) and c[GONE] == 6
+    assert a["status"] == c["status"] == z["status"] == "retracted" and "text" not in z
+    # Retracted as incorrect, it keeps its text for the cycles asked before the retraction (GONE);
+    # erased, until its walk (which runs after them) proves it took it.
+    assert a["text"] == "alpha" and (a[POSITION], a[GONE]) == (0, 4) and c[GONE] == 6 and c["text"] == "gamma"
     assert view.count("u", status="recorded") == 1
 
 
-def test_an_erasure_takes_the_text_an_earlier_retraction_left(projector):
+def proof_of(erasure: EpisodeRetracted) -> ErasureCompleted:
+    return ErasureCompleted(user_id=erasure.user_id, erasure_id=erasure.event_id, episode_id=erasure.episode_id,
+                            episodes=(erasure.episode_id,), beliefs=())
+
+
+def text_of(view, episode: str):
+    return view.get([episode_point(ret(episode))])[episode_point(ret(episode))].get("text")
+
+
+def test_an_erasure_takes_the_text_an_earlier_retraction_left_once_its_walk_is_done(projector):
+    erasure = ret("a", reason="erasure")
     projector.apply([rec("a", "alpha")], [0])
     projector.apply([ret("a")], [1])
-    projector.apply([ret("a", reason="erasure")], [2])
-    assert "text" not in projector.view.get([episode_point(ret("a"))])[episode_point(ret("a"))]
+    projector.apply([erasure], [2])
+    assert text_of(projector.view, "a") == "alpha"  # for the cycles asked before the erasure
+    ReflectionProjector(projector.view, HashingEmbedder()).apply([proof_of(erasure)])
+    assert text_of(projector.view, "a") is None
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["apart", "together"])
+def test_a_replay_that_reads_the_proof_first_never_holds_the_erased_text(projector, together):
+    """A rebuild reads `reflections` and `episodes` side by side: an erasure's
+    proof may come before the episode it took. Nothing brings the text back."""
+    erasure = ret("a", reason="erasure")
+    ReflectionProjector(projector.view, HashingEmbedder()).apply([proof_of(erasure)])
+    if together:
+        projector.apply([rec("a", "alpha"), erasure], [0, 1])
+    else:
+        projector.apply([rec("a", "alpha")], [0])
+        assert text_of(projector.view, "a") == "alpha"  # the erasure is not read yet: nor is it served
+        projector.apply([erasure], [1])
+    payload = projector.view.get([episode_point(erasure)])[episode_point(erasure)]
+    assert "text" not in payload and payload["status"] == "retracted"
 
 
 def test_the_view_does_not_depend_on_where_batches_end(tmp_path):
@@ -134,7 +163,7 @@ def test_a_forget_replayed_drops_the_users_episodes_where_it_was_logged(projecto
 def test_the_live_projector_leaves_a_forget_to_the_users_request_order(tmp_path):
     view = EdgeView(tmp_path, "reflect", 384)
     try:
-        live = EpisodeProjector(view, HashingEmbedder(), erase_now=False)
+        live = EpisodeProjector(view, HashingEmbedder(), forget_now=False)
         live.apply([rec("a", "said before"), UserForgotten(user_id="u"), rec("b", "said after")], [0, 1, 2])
         assert {p["episode_id"] for _, p in view.scroll("u", kind="episode")} == {"a", "b"}
     finally:

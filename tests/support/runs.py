@@ -158,12 +158,13 @@ class Feed:
 
 class Model:
     """The Messages API server answering as the offline model, recording each
-    request (tool, user) and what it answered; `hold` blocks the first request
+    request (tool, user, and what it read) and what it answered; `hold` blocks the first request
     it matches until released; `before_answer` runs just before an answer."""
 
     def __init__(self) -> None:
         self.offline, self.lock = OfflineModel(), threading.Lock()
         self.asked: list[tuple[str, str]] = []
+        self.read: list[tuple[str, str, str]] = []  # (tool, user, what the request showed the model)
         self.answered: list[tuple[str, str]] = []
         self.hold = None  # a tool name: the first such request blocks
         self.held, self.release = threading.Event(), threading.Event()
@@ -177,6 +178,7 @@ class Model:
         key = (tool, found.group(1) if found else "?")
         with self.lock:
             self.asked.append(key)
+            self.read.append((*key, body["messages"][0]["content"]))
             hold = self.hold == tool and not self.held.is_set()
             if hold:
                 self.held.set()
