@@ -1,6 +1,6 @@
 """The gates' state and I/O shell. A run of a user's new episodes reaches
 the gates as a GateRequested (`gate_request`), judged in the user's request
-order (streams/pipeline/requests.py): how the run bears on the user's live
+order (streams/worker/pipeline/requests.py): how the run bears on the user's live
 beliefs — one scroll of the beliefs and one read of the vectors of the
 run's episodes, the beliefs and the evidence they cite, then exact cosines
 (processors/challenge.bearings) — and the challenge requests the user's open

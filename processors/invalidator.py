@@ -10,7 +10,7 @@ Its cost follows the dependents, not the store.
 Every writer of a belief event puts it in the view before the user's next
 request runs (the reflector once the log has it, a walk before publishing).
 A retraction is walked in the user's request order
-(streams/pipeline/requests.py), after the cycles asked before it, so their
+(streams/worker/pipeline/requests.py), after the cycles asked before it, so their
 beliefs are in the view when it is walked. A belief that still reaches the
 log citing what a walk found gone (a revalidation asked by a late belief,
 below, which is not numbered in that order) is caught too: this processor

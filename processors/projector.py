@@ -43,7 +43,7 @@ def forgotten_point(user_id: str) -> str:
     """The marker of a user's latest forget: no vector, found by id. An
     EpisodeRecorded logged before its `before` is never projected again,
     however late a batch that opened it before the keys were destroyed
-    comes (streams/pipeline/requests.py)."""
+    comes (streams/worker/pipeline/requests.py)."""
     return point_id("forgotten", user_id, "")
 
 

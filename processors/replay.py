@@ -1,6 +1,6 @@
 """Replay lab: what a replay of the log keeps, what it would cost, and what
 changed between two views' beliefs (pure; the side worker and the routes
-are in streams/replay.py).
+are in streams/worker/replay.py).
 
 A replay re-derives beliefs from the episodes log into a side view, under
 another reasoner or prompt, or another history: only some users

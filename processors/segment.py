@@ -10,7 +10,7 @@ record that fired them, retractions forwarded to their walk, forgets, and
 the runs of new episodes the gates judge.
 
 The pipeline stores each state with its events as an outbox before it
-publishes them (streams/pipeline/episodes.py): a request on the log never
+publishes them (streams/worker/pipeline/episodes.py): a request on the log never
 outruns the state that decided it, and a redelivered segment decides
 nothing twice, as each state carries the offset of the last record it
 folded in.

@@ -221,7 +221,7 @@ class ChallengeRequested(Event):
 @dataclass(frozen=True, kw_only=True)
 class InvalidationRequested(Event):
     """A retraction forwarded to the reflector's queue: its provenance walk
-    runs in the user's request order (streams/pipeline/requests.py)."""
+    runs in the user's request order (streams/worker/pipeline/requests.py)."""
     TYPE: ClassVar[str] = "InvalidationRequested"
     episode_id: str
     reason: str
@@ -239,7 +239,7 @@ class GateRequested(Event):
     """A run of a user's new episodes forwarded to the reflector's queue for
     the contradiction and staleness gates, which judge it in the user's
     request order: against the beliefs of every cycle asked before it, with
-    ingest never waiting for one (streams/pipeline/requests.py)."""
+    ingest never waiting for one (streams/worker/pipeline/requests.py)."""
     TYPE: ClassVar[str] = "GateRequested"
     episodes: tuple[dict[str, Any], ...]  # the run in log order: {"id", "occurred_at", "position"}
     recent: tuple[dict[str, Any], ...]  # the user's recent window as of the run's last episode: {"id", "occurred_at"}
@@ -306,7 +306,7 @@ class UserForgotten(Event):
     """Everything of a user forgotten (`reflect forget`, DELETE /v1/users/{user}).
     Put on `episodes`, so that it is in the user's stream order, and forwarded
     to the reflector's queue numbered among the user's requests: carried out
-    after the cycles asked before it (streams/pipeline/requests.py)."""
+    after the cycles asked before it (streams/worker/pipeline/requests.py)."""
     TYPE: ClassVar[str] = "UserForgotten"
     event_id: str = field(default_factory=lambda: f"forget:{new_id()}")
     sequence: int | None = None

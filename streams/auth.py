@@ -13,10 +13,10 @@ at the same time, so keys rotate without a flag day. Its claims:
   so is one that lives longer than `REFLECT_AUTH_MAX_TTL`;
 - `aud`, `iss`: checked when `REFLECT_AUTH_AUDIENCE`, `REFLECT_AUTH_ISSUER`
   are set;
-- `jti`: the id a token is revoked by (streams/revocations.py).
+- `jti`: the id a token is revoked by (streams/worker/revocations.py).
 
 Everything that decides is a pure function over plain data (`credential_of`,
-`need_of`, `refusal`); the guard middleware (streams/routes/common.py) is the
+`need_of`, `refusal`); the guard middleware (streams/http/routes/common.py) is the
 only I/O. An algorithm is chosen by the key, never by the token: an HS256
 token is checked only against secrets and an RS256/ES256 token only against
 public keys of that type, so a public key can never be used as an HMAC secret.

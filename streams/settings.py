@@ -292,7 +292,7 @@ SPECS: tuple[Spec, ...] = (
          "Stable name of the view (Qdrant alias / Edge active shard) that reads use."),
     Spec("compact_growth", "REFLECT_COMPACT_GROWTH", "0.5", _non_negative_float,
          "Share by which an embedded view may grow past its size when last optimized before the worker "
-         "compacts it: an optimized copy swapped in, reads served meanwhile (streams/compaction.py; 0: never)."),
+         "compacts it: an optimized copy swapped in, reads served meanwhile (streams/worker/compaction.py; 0: never)."),
     Spec("compact_min_points", "REFLECT_COMPACT_MIN_POINTS", "50000", _positive_int,
          "Points an embedded view must hold before it is first compacted (a small view reads fast as it is)."),
     Spec("embedder", "REFLECT_EMBEDDER", "hashing", _choice("hashing", "minilm", "e5-small"),
@@ -673,7 +673,7 @@ class Settings:
 
     @property
     def topic_revocations(self) -> str:
-        """Token ids revoked before they expire (streams/revocations.py): one per deployment."""
+        """Token ids revoked before they expire (streams/worker/revocations.py): one per deployment."""
         return f"{self.app_id.removesuffix(self.replay_suffix)}.revocations"
 
     @property
@@ -688,7 +688,7 @@ class Settings:
 
     @property
     def replay_suffix(self) -> str:
-        """What a replay's side worker adds to the names it owns (streams/replay.py)."""
+        """What a replay's side worker adds to the names it owns (streams/worker/replay.py)."""
         return f".replay.{self.replay}" if self.replay else ""
 
     @property

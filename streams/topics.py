@@ -3,7 +3,7 @@ before anything is produced (a topic auto-created by a first produce gets the
 broker's default partition count, and Faust then stops with PartitionsMismatch).
 
 `episodes` and `reflections` are topics of record: a rebuild of the view
-(`reflect rebuild`, streams/rebuild.py) replays them from offset 0, so they
+(`reflect rebuild`, streams/worker/rebuild.py) replays them from offset 0, so they
 keep everything — `retention.ms=-1`, `retention.bytes=-1`,
 `cleanup.policy=delete`, never compaction (they are keyed by user: compaction
 would keep one event per user). At start, `check_retention` reads their live
@@ -47,7 +47,7 @@ class TopicError(SettingsError):
 
 
 def of_record(settings: Settings) -> tuple[str, ...]:
-    """The topics a rebuild replays from the start (streams/rebuild.py)."""
+    """The topics a rebuild replays from the start (streams/worker/rebuild.py)."""
     return settings.topic_episodes, settings.topic_reflections
 
 

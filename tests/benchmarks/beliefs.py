@@ -100,7 +100,7 @@ def reasoner_flags(reasoner: str, seed: int):
     if reasoner == "offline":
         return (), {}, None
     from streams.adapters.minilm import MiniLMEmbedder
-    from streams.sample import history
+    from streams.cli.sample import history
     from support.messages_api import MessagesServer, OfflineModel, StubModel
 
     model = StubModel([p.description for p in history(seed=seed).patterns]) if reasoner == "stub" \

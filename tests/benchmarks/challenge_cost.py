@@ -1,4 +1,4 @@
-"""What the contradiction gate costs on the demo history (streams/sample.py):
+"""What the contradiction gate costs on the demo history (streams/cli/sample.py):
 challenge cycles per 1,000 episodes, beside the threshold cycles of the same
 run, and the verdicts. The worker's own pipelines run in-process over the
 real Qdrant Edge view (tests/support/memory_worker.py) with the offline reasoner and
@@ -29,10 +29,10 @@ def measure(embedder_name: str = "hashing", seed: int = 7, episodes: int = 2100,
     from streams.adapters.view.edge import EdgeView
     from streams.adapters.view.shared import SharedView
     from schemas import ChallengeRequested, ReflectionChallenged, ReflectionCycleCompleted, ReflectionRequested
-    from streams.pipeline.policy import Backoff
+    from streams.cli.sample import history
     from streams.producer import make_episode
-    from streams.sample import history
     from streams.settings import Settings
+    from streams.worker.pipeline.policy import Backoff
     from support.memory_worker import MemoryWorker, memory_runtime
 
     hist = history(seed=seed, episodes=episodes)

@@ -17,7 +17,7 @@ What must hold: the cycle is flat in N (ratio 50k/1k ≤ 1.5); the naive one is 
     python tests/benchmarks/cycle_overhead.py --embedder minilm [--sizes 500,50000] [--reps 5]
 
 With MiniLM (issue 34, item 5: an offline cycle at 500 episodes ≤ 1 s, at
-50k ≤ 1.5× that) the store is the demo's sample history (streams/sample.py,
+50k ≤ 1.5× that) the store is the demo's sample history (streams/cli/sample.py,
 development seed 8, N episodes over its three months; each distinct text
 embedded once), 20 beliefs in the offline reasoner's form, and the cycle runs
 on the newest 33 episodes (the demo's mean window: 2,100 episodes, 63
@@ -180,7 +180,7 @@ def sample_store(root: Path, n: int, embedder) -> tuple[EdgeView, ReflectionRequ
     """The demo's sample history of N episodes (MiniLM vectors), 20 beliefs
     in the offline reasoner's form; the request of a cycle on the newest 33."""
     from processors.extractive import belief_text, generalized
-    from streams.sample import history
+    from streams.cli.sample import history
 
     hist, rng = history(seed=SAMPLE_SEED, episodes=n), random.Random(n)
     episodes = [EpisodeRecorded(user_id=USER, episode_id=e.episode_id, text=e.text, importance=e.importance,

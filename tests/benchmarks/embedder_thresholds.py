@@ -6,7 +6,7 @@ MiniLM's three thresholds were set on MiniLM cosines; another model's cosines
 live in another band (e5-small: unrelated texts ≈ 0.7), so a value is carried
 over by rank: the other embedder's threshold is the value that the same share
 of the same pairs reach as reach MiniLM's. Pairs, from `reflect demo`'s
-history (streams/sample.py) and the retrieval benchmark's questions:
+history (streams/cli/sample.py) and the retrieval benchmark's questions:
 * grounding (processors/reflector.py GROUNDING_COSINE, MiniLM 0.35): each
   planted pattern's description against every episode; its own episodes are
   the support (printed: the share of support and of the rest that pass);
@@ -32,7 +32,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from streams.adapters.factory import make_embedder  # noqa: E402
 from processors.retrieval import recall_scoring  # noqa: E402
 from retrieval_quality import NOW, build, questions  # noqa: E402
-from streams.sample import history  # noqa: E402
+from streams.cli.sample import history  # noqa: E402
 
 MINILM = {"grounding": 0.35, "duplicate": 0.92, "recall floor": 0.3}
 

@@ -5,7 +5,7 @@ diff, another reasoner a readable one, and what a replay costs.
         [--reads 200] [--report FILE]
 
 For each seed, one embedded Tansu and a `reflect worker` (offline reasoner,
-the demo's settings) on streams/sample.py's history of that seed; once every
+the demo's settings) on streams/cli/sample.py's history of that seed; once every
 cycle is done:
 
 1. a rebuild of the view from the log (`POST /v1/admin/rebuild`), timed: the
@@ -42,8 +42,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import orjson  # noqa: E402
 
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
+from streams.cli.sample import history  # noqa: E402
 from streams.producer import Publisher, make_episode  # noqa: E402
-from streams.sample import history  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402

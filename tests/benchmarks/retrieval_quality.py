@@ -4,7 +4,7 @@ against plain cosine and BM25 alone, on the demo history, in the same run.
     python tests/benchmarks/retrieval_quality.py [--embedder minilm|e5-small|hashing] [--query-prefix] [--json]
 
 The store is `reflect demo`'s bundled history (2,100 episodes of one user,
-four planted patterns; streams/sample.py), projected into a real Qdrant Edge
+four planted patterns; streams/cli/sample.py), projected into a real Qdrant Edge
 view. Two kinds of question, each with its evidence known:
 * instance: questions about one event, generated from the slots of a specific
   episode and phrased differently from it (its evidence: that episode);
@@ -42,7 +42,7 @@ from processors.retrieval import recall  # noqa: E402
 from processors.ports import Hit  # noqa: E402
 from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated  # noqa: E402
-from streams.sample import history  # noqa: E402
+from streams.cli.sample import history  # noqa: E402
 from suite_figures import figure, print_scenario, quantile, target  # noqa: E402
 
 # (pattern of an episode's text, question about it): the question keeps the

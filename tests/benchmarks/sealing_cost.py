@@ -12,7 +12,7 @@ cycles off):
 - read: recall over HTTP, one at a time, p50 and p95 (reads open nothing:
   the view holds what the worker opened);
 - rebuild: `reflect rebuild` (every record on the log opened again).
-The figures are on's against off's; the texts are streams/sample.py's
+The figures are on's against off's; the texts are streams/cli/sample.py's
 histories (seeds 7, 8, …), the hashing embedder by default so that what
 sealing adds is not hidden under MiniLM's time.
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from realtalk_import import post_all  # noqa: E402
 from replay_lab import QUESTIONS  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
-from streams.sample import history  # noqa: E402
+from streams.cli.sample import history  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, quantile  # noqa: E402

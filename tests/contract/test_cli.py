@@ -56,8 +56,8 @@ def test_settings_reports_what_up_and_demo_use():
 
 
 def test_up_takes_web_port_as_its_port():
-    from streams.cli import build_parser
-    from streams.stack import stack_settings
+    from streams.cli.main import build_parser
+    from streams.cli.stack import stack_settings
 
     for argv, port in ((["up"], 8080), (["up", "--web-port", "9001"], 9001), (["up", "--port", "9002"], 9002)):
         assert stack_settings(build_parser().parse_args(argv), env={})[0].web_port == port

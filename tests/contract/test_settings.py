@@ -40,7 +40,7 @@ def test_the_table_has_a_row_per_setting_and_replaces_only_what_the_markers_encl
 
 
 def test_settings_markdown_prints_the_table_or_rewrites_a_doc(tmp_path, monkeypatch, capsys):
-    from streams.cli import main
+    from streams.cli.main import main
 
     monkeypatch.setenv("REFLECT_PARTITIONS", "zero")  # the table is the code's, whatever the environment says
     assert main(["settings", "--markdown"]) == 0
@@ -130,7 +130,7 @@ def test_inconsistent_broker_security_fails_naming_the_settings(env, named):
 
 
 def test_secrets_are_masked_wherever_settings_are_shown(monkeypatch, capsys):
-    from streams.cli import main
+    from streams.cli.main import main
 
     token = "tok-" + "z" * 28
     env = {**SASL, "REFLECT_API_TOKEN": token, "REFLECT_QDRANT_API_KEY": "qdrant-key-1"}
@@ -158,8 +158,8 @@ def test_one_builder_gives_aiokafka_and_faust_the_same_broker_security():
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from streams.app import faust_app
     from streams.security import client_options, faust_credentials
+    from streams.worker.app import faust_app
 
     s = Settings.load(env={**SASL, "REFLECT_BROKER": "kafka://b1:9093,b2:9093"})
     options = client_options(s)
@@ -199,7 +199,7 @@ def test_one_builder_gives_aiokafka_and_faust_the_same_broker_security():
 
 
 def test_the_faust_app_takes_guarantee_web_host_and_body_limit_from_settings():
-    from streams.app import faust_app
+    from streams.worker.app import faust_app
 
     s = Settings.load(env={"REFLECT_PROCESSING_GUARANTEE": "exactly_once", "REFLECT_WEB_HOST": "0.0.0.0",
                            "REFLECT_MAX_REQUEST_BYTES": "4096", "REFLECT_API_TOKEN": "t" * 32})
@@ -216,7 +216,7 @@ def test_json_log_lines_carry_context_and_no_quoted_values():
 
     from schemas import ContractError
     from processors.dlq import redacted
-    from streams.logs import JsonFormatter
+    from streams.worker.logs import JsonFormatter
 
     record = logging.LogRecord("reflect", logging.WARNING, __file__, 1, "dead-lettered %s@%s", ("episodes", 7), None)
     record.__dict__.update(topic="episodes", offset=7, stage="decode")

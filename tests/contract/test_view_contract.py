@@ -403,8 +403,8 @@ def test_open_view_checks_the_settings_embedder(tmp_path):
 
 def test_a_worker_over_a_view_of_another_embedder_stops_with_one_line(tmp_path):
     from streams.adapters.factory import open_view
-    from streams.app import create_app
     from streams.settings import Settings, SettingsError
+    from streams.worker.app import create_app
 
     open_view(Settings.load(env={}, data_dir=str(tmp_path), embedder="hashing"), 384).close()
     with pytest.raises(SettingsError, match=r"invalid setting embedder \(the view 'reflect' .* hashing .* minilm"):

@@ -36,9 +36,9 @@ from processors.reflector import CycleConfig, run_cycle, window_records
 from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
 from streams.broker import free_port
-from streams.ownership import partition_of
 from streams.settings import Settings
 from streams.topics import ensure_topics
+from streams.worker.ownership import partition_of
 from support.broker import read_topic
 from support.harness import Worker, wait_for
 from support.runs import (SHORT_GROUP_TIMEOUTS, Feed, Model, Workers, after_a_dead_member, assigned_partitions,
@@ -504,10 +504,10 @@ def test_resuming_an_active_flow_keeps_what_the_agents_have_queued():
     """The second flow resume of Faust's recovery cleared the agents' queues
     after their records were fetched: a worker restarted with a backlog ran one
     cycle and then sat idle (the SIGKILL cases above stalled in 2 runs of 3
-    before streams/app.py's fix). A resume of a suspended flow still clears."""
+    before streams/worker/app.py's fix). A resume of a suspended flow still clears."""
     from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-    from streams.patches import patch_flow_control_resume
+    from streams.worker.patches import patch_flow_control_resume
 
     async def scenario() -> tuple[int, int]:
         patch_flow_control_resume()

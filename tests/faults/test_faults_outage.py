@@ -18,8 +18,8 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from streams.broker_watch import PROBE_INTERVAL
 from streams.topics import ensure_topics
+from streams.worker.broker_watch import PROBE_INTERVAL
 from support.harness import wait_for
 from support.messages_api import MessagesServer, OfflineModel, error
 from support.runs import (SHORT_GROUP_TIMEOUTS, Feed, Workers, episode_stream, make_settings, own_broker_for,
@@ -49,7 +49,7 @@ def broker_reachable(port: int) -> float | None:
 
 
 PAUSE = 20.0  # seconds: longer than the API's 15 s wait for an acknowledgement
-SEND_TIMEOUT = 15.0  # streams/api.py: a write waits this long for the broker's acknowledgement
+SEND_TIMEOUT = 15.0  # streams/http/api.py: a write waits this long for the broker's acknowledgement
 
 
 @pytest.fixture

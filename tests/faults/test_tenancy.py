@@ -30,8 +30,8 @@ from processors.embedders import HashingEmbedder
 from processors.projector import point_id
 from streams.adapters.view.edge import EdgeView
 from schemas import now
-from streams.ownership import NO_USER, WATERMARKS
 from streams.topics import ensure_topics
+from streams.worker.ownership import NO_USER, WATERMARKS
 from support.broker import committed_offsets, read_opened, read_topic
 from support.harness import run, wait_for
 

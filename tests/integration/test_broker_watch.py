@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from streams import metrics
 from streams.broker import free_port
-from streams.broker_watch import PROBE_TIMEOUT, BrokerProbe, BrokerWatch, report
+from streams.worker import metrics
+from streams.worker.broker_watch import PROBE_TIMEOUT, BrokerProbe, BrokerWatch, report
 
 
 def test_a_change_reports_the_silence_since_the_last_answer_and_nothing_else_does():
@@ -27,7 +27,7 @@ def test_a_change_reports_the_silence_since_the_last_answer_and_nothing_else_doe
 
 def test_report_logs_each_change_once_and_sets_the_gauge(caplog):
     watch = BrokerWatch(last_answer=0.0)
-    with caplog.at_level(logging.WARNING, logger="streams.broker_watch"):
+    with caplog.at_level(logging.WARNING, logger="streams.worker.broker_watch"):
         for error, now in ((None, 5), ("TimeoutError", 10), ("TimeoutError", 15), (None, 30), (None, 35)):
             report(watch, error, now, "kafka-0:9092")
             assert metrics.BROKER_REACHABLE.value() == (0.0 if error else 1.0)

@@ -11,10 +11,10 @@ import pytest
 
 from processors.guard import Budget, Spend
 from schemas import ReflectionRequested
-from streams.pipeline.requests import spend_keys
 from streams.producer import Publisher
 from streams.settings import Settings
 from streams.topics import ensure_topics
+from streams.worker.pipeline.requests import spend_keys
 from support.broker import read_opened
 from support.harness import run, wait_for
 

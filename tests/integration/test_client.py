@@ -1,4 +1,4 @@
-"""The public client (streams/client.py) against a real worker, and its retry
+"""The public client (streams/client/) against a real worker, and its retry
 rules against servers that refuse in the ways a real deployment does."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from schemas import ReflectionCreated
-from streams import cli
 from streams.broker import free_port
+import streams.cli.main as cli
 from streams.client import (AsyncReflectClient, Invalid, NotFound, ReflectClient, ReflectUnreachable, Retry,
                             Unauthorized, Unavailable, api_url)
 from streams.producer import Publisher

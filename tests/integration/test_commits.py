@@ -1,4 +1,4 @@
-"""Offsets Reflect owns (streams/commits.py): the group resumes each of the
+"""Offsets Reflect owns (streams/worker/commits.py): the group resumes each of the
 pipeline's topics where the worker's effects are durable, committed through
 Faust's `Consumer._commit` (pinned in pyproject.toml: this fails first when
 it moves), and never where Faust's acknowledgements would put it (see also

@@ -16,8 +16,8 @@ from aiokafka import TopicPartition
 from processors.ports import ViewPoint
 from streams.adapters.view.edge import OPTIMIZED_FILE, EdgeView
 from streams.adapters.view.shared import SharedView
-from streams.compaction import due, held_spans
 from streams.topics import ensure_topics
+from streams.worker.compaction import due, held_spans
 from support.harness import run, wait_for
 from support.swaps import publish_rounds, snapshot
 

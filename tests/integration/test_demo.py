@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streams.sample import history
+from streams.cli.sample import history
 from support.broker import TEST_BROKER
 from support.messages_api import MessagesServer, OfflineModel
 

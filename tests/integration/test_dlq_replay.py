@@ -15,9 +15,9 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from processors.dlq import dead_letter_headers
 from schemas import ContractError
-from streams.cli import main
-from streams.dlq_replay import (FILTERED, FOREIGN, REPLAY, REPLAYED_FROM, DeadLetter, Selection, SelectionError,
-                                check, instant, judge, read_to_end, summary)
+from streams.cli.main import main
+from streams.cli.dlq_replay import (FILTERED, FOREIGN, REPLAY, REPLAYED_FROM, DeadLetter, Selection, SelectionError,
+                                    check, instant, judge, read_to_end, summary)
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from support.broker import committed_offsets

@@ -1,6 +1,6 @@
 """No caller borrows another's credential (issue 33, part 3): a read that
 reaches a worker that does not own the user is forwarded to the owner with
-the entry worker's short-lived assertion (streams/forwarding.py), never the
+the entry worker's short-lived assertion (streams/http/forwarding.py), never the
 caller's token, and over TLS between workers when it is configured.
 
 First the pure rules (mint, verify, the cluster key), then real workers of
@@ -33,10 +33,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from streams import auth, forwarding
+from streams import auth
 from streams.broker import free_port
-from streams.ownership import partition_of
+from streams.http import forwarding
 from streams.topics import ensure_topics
+from streams.worker.ownership import partition_of
 from support.api import call, pem_pair
 from support.harness import Worker, wait_for
 from support.runs import SHORT_GROUP_TIMEOUTS, Workers, assigned_partitions, episode_stream, make_settings, publish

@@ -9,8 +9,8 @@ import pytest
 from aiokafka import errors
 
 from streams.broker import EmbeddedBroker
-from streams.group_watch import refusal
 from streams.settings import Settings
+from streams.worker.group_watch import refusal
 from support.harness import Worker
 
 SETTINGS = Settings.load(env={})  # the pure cases need no broker

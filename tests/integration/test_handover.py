@@ -21,8 +21,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streams.broker import free_port
-from streams.ownership import partition_of
 from streams.topics import ensure_topics
+from streams.worker.ownership import partition_of
 from support.broker import TEST_BROKER
 from support.harness import wait_for
 from support.messages_api import MessagesServer, OfflineModel

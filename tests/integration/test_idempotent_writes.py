@@ -21,8 +21,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from schemas import ContractError
 from streams.client import AsyncReflectClient, ReflectClient, ReflectUnreachable, Retry
+from streams.http.routes.common import USER_ID
 from streams.producer import IDEMPOTENCY_KEYS, KEY_MAX, episode_id_for_key, key_problem, make_episode
-from streams.routes.common import USER_ID
 from streams.topics import ensure_topics
 from support.broker import read_opened
 from support.harness import run, wait_for

@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 from schemas import ReflectionCreated
 from streams.auth import AuthError, Keys, claims_for, keys_of, mint
 from streams.broker import free_port
-from streams.mcp_server import access_of, exposure_problem
+from streams.client.mcp_server import access_of, exposure_problem
 from streams.producer import Publisher
 from streams.settings import Settings
 from streams.topics import ensure_topics

@@ -16,8 +16,8 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from streams import metrics
 from streams.settings import Settings, SettingsError
+from streams.worker import metrics
 from support.harness import run, wait_for
 
 # --- a strict reader of the text exposition format 0.0.4 ----------------------

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from streams.broker import free_port
-from streams.routes import RESOURCES
-from streams.routes.common import FAUST_PAGES, USER_ID_MAX, user_id_problem
+from streams.http.routes import RESOURCES
+from streams.http.routes.common import FAUST_PAGES, USER_ID_MAX, user_id_problem
 from support.broker import OWN_BROKER
 from support.harness import wait_for
 

@@ -1,8 +1,8 @@
 """A cycle is decided once: its outcome is stored before it is published
-(streams/pipeline/requests.py, table `cycle-outcomes`), so a rerun after a
+(streams/worker/pipeline/requests.py, table `cycle-outcomes`), so a rerun after a
 crash or a stop between the publish and the mark of the request done never
 asks the reasoner twice; and it publishes only what the log lacks
-(streams/on_log.py), so every record is on the log once and the spend is
+(streams/worker/on_log.py), so every record is on the log once and the spend is
 charged once. A worker handing its partition over publishes nothing of a
 cycle it decided meanwhile (the next owner does), and a cycle retried after
 a transient fault keeps the answers it was given (Remembered). Shown
@@ -24,12 +24,12 @@ from processors.ports import Usage, ViewUnavailable
 from processors.reasoners import OfflineReasoner, Remembered
 from streams.adapters.view.edge import EdgeView
 from schemas import ReflectionCycleCompleted
-from streams.on_log import Log
-from streams.ownership import partition_of
-from streams.pipeline.runner import HandedOver
 from streams.producer import Publisher, make_episode
 from streams.settings import Settings
 from streams.topics import ensure_topics
+from streams.worker.on_log import Log
+from streams.worker.ownership import partition_of
+from streams.worker.pipeline.runner import HandedOver
 from support.memory_worker import MemoryWorker, memory_runtime
 from support.runs import beliefs_of, episode_stream, points_of, users_by_partition
 
@@ -58,7 +58,7 @@ class Counted(OfflineReasoner):
 class FailsOnceAfterEachAnswer:
     """The real view, not answering (ViewUnavailable: a transient fault) at
     its first call after a question's insights were first answered: the
-    cycle is retried from its start (streams/pipeline/policy.py)."""
+    cycle is retried from its start (streams/worker/pipeline/policy.py)."""
 
     def __init__(self, view) -> None:
         self._view, self.armed, self.asked, self.failures = view, False, set(), 0
@@ -218,7 +218,7 @@ def test_a_remembered_reasoner_keeps_answers_not_failures():
 @pytest.mark.broker
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_the_log_says_which_events_it_holds_from_an_offset_on(settings, guarantee):
-    """streams/on_log.Log.holds on the real broker: what was published
+    """streams/worker/on_log.Log.holds on the real broker: what was published
     before `since` is not looked at, what after it is found, by event id
     (read committed under exactly_once)."""
     settings = dataclasses.replace(settings, processing_guarantee=guarantee)

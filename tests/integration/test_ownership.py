@@ -1,4 +1,4 @@
-"""Routing a user's reads to its owner (streams/ownership.py): the owner in
+"""Routing a user's reads to its owner (streams/worker/ownership.py): the owner in
 the group's map, the watermarks of what an embedded view holds, and the
 catch-up of a partition gained (over the test broker). The routing itself,
 on real workers: tests/integration/test_workers.py."""
@@ -16,10 +16,10 @@ from aiokafka import TopicPartition
 from processors.embedders import HashingEmbedder
 from processors.reasoners import OfflineReasoner
 from streams.adapters.view.edge import EdgeView
-from streams.shredding import Sealing
-from streams.ownership import NO_USER, Watermarks, owner_in, partition_of
-from streams.topics import ensure_topics
 from streams.broker import free_port
+from streams.shredding import Sealing
+from streams.topics import ensure_topics
+from streams.worker.ownership import NO_USER, Watermarks, owner_in, partition_of
 from support.harness import wait_for
 from support.memory_worker import memory_runtime
 from support.runs import (SHORT_GROUP_TIMEOUTS, Workers, episode_stream, kill, make_settings, publish,

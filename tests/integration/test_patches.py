@@ -1,4 +1,4 @@
-"""The patches of streams/patches.py still apply to the installed Faust,
+"""The patches of streams/worker/patches.py still apply to the installed Faust,
 mode and aiokafka (pyproject.toml bounds their versions; these fail first
 when an upgrade moves what they touch)."""
 
@@ -14,8 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
-from streams.patches import patch_fetch_wait, patch_perform_seek, patch_recovery_seek_floor
-from streams.read_order import ReadOrder
+from streams.worker.patches import patch_fetch_wait, patch_perform_seek, patch_recovery_seek_floor
+from streams.worker.read_order import ReadOrder
 from support.broker import one_partition_app
 from support.harness import until
 
@@ -33,7 +33,7 @@ def test_the_fetch_wait_patch_wraps_the_worker_consumer_and_its_start_reads_the_
 
 @pytest.mark.integration
 @pytest.mark.broker
-def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
+def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings, tmp_path):
     """patch_perform_seek: a stream partition with no commit whose
     position moved past its first records is read from its start once Faust
     seeks its partitions to their commits (without the patch it stays where
@@ -54,7 +54,7 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
                 await (await producer.send(topic, b"record %d" % i, partition=0))
         finally:
             await producer.stop()
-        app = one_partition_app(settings, f"seek-{topic}", topic)
+        app = one_partition_app(settings, f"seek-{topic}", topic, tmp_path)
         app.read_order = ReadOrder(app)
 
         @app.agent(app.topic(topic, value_serializer="raw", partitions=1, acks=False))
@@ -68,7 +68,7 @@ def test_seeks_land_where_the_patches_say_on_a_running_consumer(settings):
             moved = await app.consumer.position(tp)
             await app.consumer.perform_seek()
             sought = await app.consumer.position(tp)
-            assert app.read_order.expected[tp] == sought  # where the runner reads next (streams/read_order.py)
+            assert app.read_order.expected[tp] == sought  # where the runner reads next (streams/worker/read_order.py)
             # patch_recovery_seek_floor: below -1, or None (a standby's offset not yet known), is read from 0,
             # as -1 (aiokafka refuses a negative seek, and None)
             # What recovery asks the consumer for, not its position after: the running agent fetches on.

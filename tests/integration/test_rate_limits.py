@@ -11,7 +11,7 @@ import time
 import pytest
 
 from streams import auth
-from streams.routes.limits import MAX_CALLERS, Limiter
+from streams.http.routes.limits import MAX_CALLERS, Limiter
 from support.api import call
 
 SECRET = "r" * 40

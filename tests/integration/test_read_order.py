@@ -1,6 +1,6 @@
 """Every record of a pipeline partition reaches its runner, in order, even
 when the consumer's position moves past records that were never delivered
-(streams/read_order.py): a running Faust consumer on the real broker, whose
+(streams/worker/read_order.py): a running Faust consumer on the real broker, whose
 position is moved past a record as Faust's dropped deliveries move it."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
-from streams.patches import patch_perform_seek
-from streams.pipeline.runner import Runner
-from streams.read_order import ReadOrder
+from streams.worker.patches import patch_perform_seek
+from streams.worker.pipeline.runner import Runner
+from streams.worker.read_order import ReadOrder
 from support.broker import one_partition_app
 from support.harness import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
 
-def read_through(settings, ordered: bool) -> list[int]:
+def read_through(settings, ordered: bool, tmp_path) -> list[int]:
     """Offsets the runner's `read` hands on, while a gap and then a dropped
     last record are made: the position moved past record 3, and past
     record 6, each once it was on the log and before it was fetched."""
@@ -38,7 +38,7 @@ def read_through(settings, ordered: bool) -> list[int]:
             for i in offsets:
                 await (await producer.send(topic, b"record %d" % i, partition=0))
 
-        app = one_partition_app(settings, f"order-{topic}", topic)
+        app = one_partition_app(settings, f"order-{topic}", topic, tmp_path)
         app.read_order = ReadOrder(app) if ordered else None
         runner = Runner(SimpleNamespace(read_order=app.read_order, settings=settings))
         runner.topic = topic
@@ -76,12 +76,12 @@ def read_through(settings, ordered: bool) -> list[int]:
     return asyncio.run(asyncio.wait_for(run(), 120))
 
 
-def test_records_the_consumer_moved_past_are_read_again_in_order(settings):
-    assert read_through(settings, ordered=True) == list(range(7))
+def test_records_the_consumer_moved_past_are_read_again_in_order(settings, tmp_path):
+    assert read_through(settings, ordered=True, tmp_path=tmp_path) == list(range(7))
 
 
-def test_without_the_order_check_those_records_are_lost(settings):
+def test_without_the_order_check_those_records_are_lost(settings, tmp_path):
     """What the check prevents, so that the test above can fail: the runner
     reads on past record 3, and record 6 never comes."""
-    read = read_through(settings, ordered=False)
+    read = read_through(settings, ordered=False, tmp_path=tmp_path)
     assert 3 not in read and 6 not in read and read[:3] == [0, 1, 2]

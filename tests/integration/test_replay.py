@@ -24,10 +24,10 @@ from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated
 from streams.adapters.anthropic import PROMPT_VERSION
 from streams.adapters.prompt_sets import FILES, PACKAGED, version_of
-from streams.client_results import ReflectApiError
+from streams.client.results import ReflectApiError
 from streams.producer import Publisher
-from streams.replay import bytes_under
 from streams.topics import ensure_topics
+from streams.worker.replay import bytes_under
 from support.harness import run, wait_for
 from support.messages_api import MessagesServer, OfflineModel
 from support.runs import episode_stream

@@ -52,7 +52,7 @@ def test_deleting_names_each_config_under_which_records_go(configs, found):
 
 def test_topics_of_record_and_dead_letters_are_created_to_keep_everything():
     s = plain(min_insync_replicas=1)
-    assert of_record(s) == ("episodes", "reflections")  # what streams/rebuild.py replays
+    assert of_record(s) == ("episodes", "reflections")  # what streams/worker/rebuild.py replays
     for name in (*of_record(s), *dead_letters(s)):
         assert topic_configs(name, s) == {**KEPT, "min.insync.replicas": "1"}, name
     requests = topic_configs(s.topic_requests, s)

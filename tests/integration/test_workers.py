@@ -4,7 +4,7 @@ alone over the same log does — through any of them, and on through a worker's
 death (issue 22).
 
 A user's reads are answered by the worker that owns the user's partition
-(streams/ownership.py): the others forward them. When a worker is killed, the
+(streams/worker/ownership.py): the others forward them. When a worker is killed, the
 survivors take its partitions over: they recover its tables, replay what
 their own views lack, and meanwhile answer 503 — never a wrong answer.
 

@@ -10,7 +10,7 @@ import anthropic
 import pytest
 
 from streams.adapters.anthropic import (PROMPT_VERSION, AnthropicReasoner, ReasonerError, found_of, price_of,
-                                           usage_of, with_found)
+                                        usage_of, with_found)
 from processors.embedders import HashingEmbedder
 from processors.guard import Breaker, Budget, Spend
 from processors.projector import EpisodeProjector
@@ -20,7 +20,7 @@ from processors.reflector import CycleConfig, run_cycle, window_records
 from streams.adapters.prompt_sets import FILES, PACKAGED, PromptSetError
 from streams.adapters.view.edge import EdgeView
 from schemas import EpisodeRecorded, ReflectionCreated, ReflectionRequested
-from streams.sample import history
+from streams.cli.sample import history
 from streams.settings import Settings, SettingsError
 from support.messages_api import MessagesServer, OfflineModel, error, text_answer, tool_answer
 
@@ -92,7 +92,7 @@ def test_unreadable_answers_and_api_errors_raise_reasoner_errors(serve):
 
 
 def test_selecting_anthropic_without_a_key_is_a_start_up_error(monkeypatch, tmp_path):
-    from streams.app import create_app
+    from streams.worker.app import create_app
 
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     settings = Settings.load(env={}, reasoner="anthropic", data_dir=str(tmp_path))

@@ -27,7 +27,7 @@ from streams.adapters.view.edge import EdgeView
 from streams.adapters.view.shared import SharedView
 from schemas import ChallengeRequested, ReflectionChallenged, ReflectionCreated, ReflectionReinforced, parse_time
 from streams.settings import Settings
-from streams.pipeline.policy import Backoff
+from streams.worker.pipeline.policy import Backoff
 from support.challenge_story import AGAIN, MIN_EPISODES, OTHER, PANDAS, POLARS, THRESHOLD, USER, spaced, story
 from support.memory_worker import MemoryWorker, memory_runtime
 

@@ -10,8 +10,8 @@ import pytest
 from processors.ports import Usage
 from processors.reasoners import OfflineReasoner
 from processors.reflection import Insight
-from streams.sample import history
-from streams.score import score
+from streams.cli.sample import history
+from streams.cli.score import score
 from support.sample_loop import live_beliefs
 
 minilm = pytest.importorskip("streams.adapters.minilm").MiniLMEmbedder

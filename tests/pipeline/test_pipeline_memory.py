@@ -27,9 +27,9 @@ from streams.adapters.view.edge import EdgeView
 from streams.adapters.view.shared import SharedView
 from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, GateRequested, InvalidationRequested,
                      ReflectionChallenged, ReflectionCreated, ReflectionCycleCompleted, UserForgotten, decode)
-from streams.pipeline.policy import PROBE_USER, Backoff
-from streams.runtime import Runtime
 from streams.settings import Settings
+from streams.worker.pipeline.policy import PROBE_USER, Backoff
+from streams.worker.runtime import Runtime
 from support.history import MIN_EPISODES, THRESHOLD, as_set, differences, erasing, history
 from support.memory_worker import MemoryWorker, memory_runtime
 from support.runs import beliefs_of, episodes_of, points_of, users_by_partition

@@ -31,8 +31,8 @@ from processors.ports import POSITION
 from streams.adapters.view.edge import EdgeView
 from schemas import (EpisodeRecorded, GateRequested, InvalidationRequested, ReflectionChallenged,
                      ReflectionCycleCompleted, ReflectionRequested)
-from streams.pipeline.runner import HandedOver
 from streams.settings import Settings
+from streams.worker.pipeline.runner import HandedOver
 from support.history import MIN_EPISODES, THRESHOLD, as_set, differences, erasing, history
 from support.memory_worker import MemoryWorker, memory_runtime
 from support.runs import beliefs_of, episode_stream, points_of, users_by_partition

@@ -25,13 +25,15 @@ KAFKA_IMAGE = "apache/kafka:3.9.1"  # the images of deploy/compose.yaml
 QDRANT_IMAGE = "qdrant/qdrant:v1.16.2"
 
 
-def one_partition_app(settings: Settings, name: str, topic: str):
+def one_partition_app(settings: Settings, name: str, topic: str, data_dir: Path):
     """A bare Faust app on the test broker whose `topic` is a pipeline topic
-    (read from its start, streams/patches.py): for tests that drive Faust's
-    consumer directly."""
+    (read from its start, streams/worker/patches.py): for tests that drive Faust's
+    consumer directly. Its data directory is made under `data_dir` (a test's
+    tmp_path), not in the current directory."""
     import faust
 
     app = faust.App(name, broker=settings.broker, web_enabled=False, store="memory://", autodiscover=False,
+                    datadir=data_dir / f"{name}-data",
                     topic_partitions=1, broker_session_timeout=settings.session_timeout,
                     broker_heartbeat_interval=settings.session_timeout / 6,
                     broker_rebalance_timeout=settings.rebalance_timeout)

@@ -24,9 +24,9 @@ from processors.accumulator import Accumulator, Trigger, admit
 from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionRequested
 from streams.adapters.anthropic import found_of
 from streams.broker import free_port
-from streams.ownership import partition_of
 from streams.settings import Settings
 from streams.topics import ensure_topics
+from streams.worker.ownership import partition_of
 from support.broker import TEST_BROKER, opened_values, read_topic
 from support.harness import Worker, answered, shared_ring, wait_for
 from support.history import cited_by_then

@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import streams.app  # noqa: E402
-from streams.cli import main  # noqa: E402
+from streams.cli.main import main  # noqa: E402
+import streams.worker.app  # noqa: E402
 
 FLAG = Path(os.environ["REFLECT_TEST_VIEW_DOWN"])
 
@@ -35,8 +35,8 @@ class DownWhileFlagged:
         return call
 
 
-real_open_view = streams.app.open_view
-streams.app.open_view = lambda settings, dim: DownWhileFlagged(real_open_view(settings, dim))
+real_open_view = streams.worker.app.open_view
+streams.worker.app.open_view = lambda settings, dim: DownWhileFlagged(real_open_view(settings, dim))
 
 if __name__ == "__main__":
     sys.exit(main(["worker"]))

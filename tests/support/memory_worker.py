@@ -5,7 +5,7 @@ gives them (the real Qdrant Edge view, HashingEmbedder, OfflineReasoner).
 What runs is the worker's own code from `Runner.admit` on: the pipelines'
 `handle()`, the error policy, the real `Tables` and `Outlets` classes — built
 over `MemoryApp`, which answers the two calls they make of a Faust app
-(`Table`, `topic`), and `MemoryLog` for streams/on_log.Log. What is replaced is Faust's consumer: each pipeline is a
+(`Table`, `topic`), and `MemoryLog` for streams/worker/on_log.Log. What is replaced is Faust's consumer: each pipeline is a
 task that takes up to `projector_batch` unread records of its topic, handles
 them, and only then moves its position on (acknowledged when done, as
 `Runner.run`). The tasks run concurrently, as Faust's agents do: a retraction
@@ -30,14 +30,14 @@ from typing import Any, Callable
 from aiokafka.partitioner import DefaultPartitioner
 
 from schemas import Event, decode
-from streams.pipeline.episodes import EpisodesPipeline
-from streams.pipeline.policy import Backoff
-from streams.pipeline.reflections import ReflectionsPipeline
-from streams.pipeline.requests import RequestsPipeline
-from streams.pipeline.runner import HandedOver
-from streams.on_log import event_id
-from streams.runtime import Runtime
 from streams.settings import Settings
+from streams.worker.on_log import event_id
+from streams.worker.pipeline.episodes import EpisodesPipeline
+from streams.worker.pipeline.policy import Backoff
+from streams.worker.pipeline.reflections import ReflectionsPipeline
+from streams.worker.pipeline.requests import RequestsPipeline
+from streams.worker.pipeline.runner import HandedOver
+from streams.worker.runtime import Runtime
 
 OnWrite = Callable[[str, str, Any], None]  # (table name, key, value): told of each changelog write
 
@@ -104,7 +104,7 @@ class MemoryApp:
 
 
 class MemoryLog:
-    """streams/on_log.Log over a `MemoryApp`'s topics: an offset is a place in
+    """streams/worker/on_log.Log over a `MemoryApp`'s topics: an offset is a place in
     the topic's one list."""
 
     def __init__(self, app: MemoryApp) -> None:
@@ -121,7 +121,7 @@ class MemoryLog:
 
 
 def memory_runtime(settings: Settings, view, embedder, reasoner, backoff: Backoff = Backoff()) -> Runtime:
-    """A runtime as `streams.app.create_app` builds it, over a `MemoryApp`."""
+    """A runtime as `streams.worker.app.create_app` builds it, over a `MemoryApp`."""
     app = MemoryApp()
     runtime = Runtime.build(settings, app, view, embedder, reasoner, backoff)
     runtime.log = MemoryLog(app)

@@ -22,9 +22,9 @@ from processors.embedders import HashingEmbedder
 from schemas import EpisodeRecorded
 from streams.adapters.view.edge import EdgeView
 from streams.broker import BROKER_KINDS, EmbeddedBroker, free_port
-from streams.ownership import partition_of
 from streams.producer import Publisher
 from streams.settings import Settings
+from streams.worker.ownership import partition_of
 from support.broker import TEST_BROKER, read_opened
 from support.harness import Worker, shared_ring
 from support.messages_api import MessagesServer, OfflineModel

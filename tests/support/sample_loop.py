@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from streams.adapters.view.edge import EdgeView
+from streams.cli.sample import History
 from streams.producer import make_episode
-from streams.sample import History
 from streams.settings import Settings
 from support.memory_worker import MemoryWorker, memory_runtime
 

@@ -1,4 +1,4 @@
-"""How a runner cuts its batches (streams/pipeline/runner.py, `Batches`):
+"""How a runner cuts its batches (streams/worker/pipeline/runner.py, `Batches`):
 what arrives while the batch in hand is still being prepared joins the next
 batch, up to the batch size, in order; a lone event is never held back."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from streams.pipeline.runner import Batches
+from streams.worker.pipeline.runner import Batches
 
 
 class Stream:
@@ -90,7 +90,7 @@ def test_a_batch_is_never_empty_and_waits_for_its_first_event_even_when_nothing_
         stream = Stream()
         batches = Batches(stream.read, most=8)
         nxt = asyncio.ensure_future(batches.next(None))
-        stream.queue.put_nowait([])  # a read that yields nothing (streams/read_order.py dropped it all)
+        stream.queue.put_nowait([])  # a read that yields nothing (streams/worker/read_order.py dropped it all)
         await stream.settled()
         assert not nxt.done()
         stream.queue.put_nowait([1])

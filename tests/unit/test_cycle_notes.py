@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schemas import ReflectionCycleCompleted
-from streams.cycle_notes import summary
+from streams.worker.cycle_notes import summary
 
 
 def completed(**fields) -> ReflectionCycleCompleted:

@@ -38,7 +38,7 @@ def test_a_text_is_the_same_bits_alone_or_in_any_group(embedder):
     vector never depends on what else was in its batch. Short and long texts,
     and sentences with a word read as a gap, as the place-word test reads them."""
     from processors.extractive import without
-    from streams.sample import history
+    from streams.cli.sample import history
 
     assert MiniLMEmbedder.batch_exact
     sample = [e.text for e in history(seed=8, episodes=120).episodes]

@@ -167,7 +167,7 @@ def test_a_call_embeds_what_it_does_not_know_at_once_and_decides_as_one_text_at_
     texts in one batch; the questions, places and insights are the same as one
     at a time (tests/unit/test_minilm.py shows MiniLM's vectors are the same bits)."""
     minilm = pytest.importorskip("streams.adapters.minilm").MiniLMEmbedder()
-    from streams.sample import history
+    from streams.cli.sample import history
 
     hist = history(seed=8, episodes=300)
     window = [e.text for e in hist.episodes[-45:]]

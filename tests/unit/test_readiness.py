@@ -1,6 +1,6 @@
-"""/healthz's verdict from a worker's state (streams/routes/ops.py)."""
+"""/healthz's verdict from a worker's state (streams/http/routes/ops.py)."""
 
-from streams.routes.ops import readiness
+from streams.http.routes.ops import readiness
 
 
 def test_ready_only_once_every_cause_has_passed():

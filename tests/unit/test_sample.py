@@ -7,7 +7,7 @@ from datetime import date, datetime, timedelta
 
 import pytest
 
-from streams.sample import history
+from streams.cli.sample import history
 
 H = history()
 START = datetime(2026, 6, 1)

@@ -310,7 +310,7 @@ class EdgeView:
 
     def growth(self) -> tuple[int, int]:
         """(points now, points when last optimized; 0 if never): how much of
-        the shard a live-grown view holds unoptimized (streams/compaction.py)."""
+        the shard a live-grown view holds unoptimized (streams/worker/compaction.py)."""
         return self.points(), self._optimized
 
     def rewritten(self) -> "EdgeView":
@@ -318,7 +318,7 @@ class EdgeView:
         none of its files ever held what was stripped or deleted here (a
         shard keeps an erased text in its WAL and payload pages until it is
         dropped). Writes may go on meanwhile: a scrub replays what they
-        change onto it (streams/compaction.py)."""
+        change onto it (streams/worker/compaction.py)."""
         fresh = self.successor()
         for user in [*self.users(), NO_USER]:
             points = self.scroll(user)
