@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from typing import AsyncIterator, Mapping
+import time
+from typing import AsyncIterator, Iterable, Mapping
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
@@ -258,3 +260,35 @@ async def create_topics(settings: Settings, say=print) -> int:
     for note in await check_retention(settings):
         say(note)
     return 0
+
+
+class UnreadLog(TimeoutError):
+    """A log could not be read to its end in time: the broker is away or
+    slow, which a caller retries (an HTTP route answers 503)."""
+
+
+async def read_to_end(settings: Settings, topics: Iterable[str], timeout: float = 30.0) -> list:
+    """Every record of these topics, read to each partition's fetch high
+    watermark within `timeout` seconds; a topic that does not exist has none.
+
+    Not to ListOffsets' end offsets: Tansu answers the last batch's base
+    offset when that batch holds several records, which would stop short."""
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, fetch_max_wait_ms=100)
+    try:
+        await consumer.start()
+        existing = await consumer.topics()
+        tps = [TopicPartition(t, p) for t in topics if t in existing for p in consumer.partitions_for_topic(t)]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        out, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                out.extend(records)
+            marks = [consumer.highwater(tp) for tp in tps]
+            if None not in marks and all([await consumer.position(tp) >= m for tp, m in zip(tps, marks)]):
+                return out
+        raise UnreadLog(f"could not read {', '.join(sorted(set(topics)))} to the end in {timeout:g} s")
+    finally:
+        await consumer.stop()

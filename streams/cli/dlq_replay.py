@@ -17,17 +17,17 @@ around it are thin.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from schemas import parse_time
 from streams.security import client_options
 from streams.settings import Settings
+from streams.topics import read_to_end
 
 ERRORS = "__connect.errors."  # the prefix of processors/dlq.py's headers
 REPLAYED_FROM = "reflect.replayed-from"
@@ -37,11 +37,6 @@ REPLAY, FILTERED, FOREIGN = "replay", "filtered", "foreign"
 
 class SelectionError(ValueError):
     """A filter that can select nothing by construction (a flag to fix)."""
-
-
-class ReplayError(TimeoutError):
-    """A log could not be read to its end in time: the broker is away or
-    slow, which a caller retries (an HTTP route answers 503)."""
 
 
 def instant(raw: str) -> datetime:
@@ -154,31 +149,6 @@ def summary(counts: Counter, verb: str) -> list[str]:
     return lines
 
 
-async def read_to_end(settings: Settings, topics: Iterable[str], timeout: float = 30.0) -> list:
-    """Every record of these topics, read to each partition's fetch high
-    watermark within `timeout` seconds; a topic that does not exist has none.
-
-    Not to ListOffsets' end offsets: Tansu answers the last batch's base
-    offset when that batch holds several records, which would stop short."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, fetch_max_wait_ms=100)
-    try:
-        await consumer.start()
-        existing = await consumer.topics()
-        tps = [TopicPartition(t, p) for t in topics if t in existing for p in consumer.partitions_for_topic(t)]
-        if not tps:
-            return []
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        out, deadline = [], time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                out.extend(records)
-            marks = [consumer.highwater(tp) for tp in tps]
-            if None not in marks and all([await consumer.position(tp) >= m for tp, m in zip(tps, marks)]):
-                return out
-        raise ReplayError(f"could not read {', '.join(sorted(set(topics)))} to the end in {timeout:g} s")
-    finally:
-        await consumer.stop()
 
 
 async def replay(settings: Settings, selection: Selection, *, publish: bool, verb: str,

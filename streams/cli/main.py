@@ -370,7 +370,8 @@ async def _forget(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.cli.dlq_replay import ReplayError, Selection, SelectionError, replay
+    from streams.cli.dlq_replay import Selection, SelectionError, replay
+    from streams.topics import UnreadLog
     from streams.topics import with_broker_errors
 
     selection = Selection(frozenset(args.topic), frozenset(args.stage), args.since, args.until)
@@ -383,7 +384,7 @@ def _dlq(settings: Settings, args: argparse.Namespace) -> int:
 
     try:
         return with_broker_errors(settings, run())
-    except (SelectionError, ReplayError) as exc:
+    except (SelectionError, UnreadLog) as exc:
         print(f"reflect: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, SelectionError) else 1
 

@@ -3,7 +3,7 @@ and HTTP routes.
 
 The pipeline (streams/worker/pipeline/) is one agent per input topic that decodes
 each event once and runs the roles in a fixed order; the routes
-(streams/http/api.py) read the view and the tables. This module only wires them.
+(streams/http/routes/) read the view and the tables. This module only wires them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from streams.adapters.factory import make_embedder, make_reasoner, open_view
 from streams.adapters.sealing import KeyRing, SealingError
 from streams.adapters.view.edge import stop_optimizing
 from streams.broker import honour_fetch_wait
-from streams.http import api, forwarding
+from streams.http import forwarding
+from streams.http.routes import install
+from streams.http.routes.common import keys_for, web_options
 from streams.http.routes.common import install_forwarding
 from streams.security import faust_credentials
 from streams.settings import Settings, SettingsError
@@ -48,7 +50,7 @@ def faust_app(settings: Settings) -> faust.App:
     patch_flow_control_resume()
     patch_perform_seek()
     patch_recovery_seek_floor()
-    keys = api.keys_for(settings)  # its revocations are filled by the RevocationWatch
+    keys = keys_for(settings)  # its revocations are filled by the RevocationWatch
     try:
         web_tls = forwarding.server_ssl(settings)
     except ValueError as exc:
@@ -85,7 +87,7 @@ def faust_app(settings: Settings) -> faust.App:
         web_ssl_context=web_tls,
         # Where the other workers forward a user's reads (streams/worker/ownership.py).
         canonical_url=settings.canonical_url,
-        web_application_options=api.web_options(settings, keys),
+        web_application_options=web_options(settings, keys),
         web_in_thread=False,
     )
     app.keys = keys
@@ -138,7 +140,7 @@ def create_app(settings: Settings) -> Runtime:
         view.close()
         await runtime.sealing.close()
 
-    api.install(runtime)
+    install(runtime)
 
     @app.task
     async def train_router() -> None:

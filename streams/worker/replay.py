@@ -39,7 +39,7 @@ from processors.dlq import accept, carried
 from processors.replay import LIVE, Diff, Estimate, ReplayError, ReplaySpec, diff, estimate, promotion
 from schemas import ContractError, ReflectionInvalidated, now
 from streams.adapters import prompt_sets
-from streams.cli.dlq_replay import read_to_end
+from streams.topics import read_to_end
 from streams.producer import Publisher
 from streams.security import client_options
 from streams.settings import Settings

@@ -68,7 +68,7 @@ from processors.ports import ViewPoint  # noqa: E402
 from streams.adapters.view.edge import EdgeView  # noqa: E402
 from schemas import EpisodeRecorded, ReflectionCreated  # noqa: E402
 from streams.broker import EmbeddedBroker, free_port  # noqa: E402
-from streams.http.api import live_beliefs  # noqa: E402
+from streams.http.routes.beliefs import live_beliefs  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 from suite_figures import figure, print_scenario, target  # noqa: E402

@@ -77,7 +77,8 @@ def test_reflects_modules_import_no_circle():
 
 # streams/ by role (streams/README.md, "Layout"): the worker, the HTTP API it
 # serves, the public client, the command line. What they share (the top of
-# streams/) and the adapters import none of them, and the client none of the others.
+# streams/) and the adapters import none of them, the client none of the others,
+# and the worker and the HTTP API nothing of the command line.
 ROLES = ("streams.worker", "streams.http", "streams.client", "streams.cli")
 
 
@@ -96,6 +97,9 @@ def test_what_the_roles_share_imports_no_role_and_the_client_only_itself():
             if any(role_of(i) for i in graph[name])} == {}
     assert {name: sorted(i for i in graph[name] if role_of(i) not in (None, "streams.client")) for name in client
             if any(role_of(i) not in (None, "streams.client") for i in graph[name])} == {}
+    served = {name for name in graph if role_of(name) in ("streams.worker", "streams.http")}
+    assert {name: sorted(i for i in graph[name] if role_of(i) == "streams.cli") for name in served
+            if any(role_of(i) == "streams.cli" for i in graph[name])} == {}
 
 
 # What makes a module an adapter: an engine, an SDK, a model runtime, a broker

@@ -49,7 +49,7 @@ def broker_reachable(port: int) -> float | None:
 
 
 PAUSE = 20.0  # seconds: longer than the API's 15 s wait for an acknowledgement
-SEND_TIMEOUT = 15.0  # streams/http/api.py: a write waits this long for the broker's acknowledgement
+SEND_TIMEOUT = 15.0  # streams/http/routes/common.py: a write waits this long for the broker's acknowledgement
 
 
 @pytest.fixture

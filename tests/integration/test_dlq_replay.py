@@ -17,9 +17,9 @@ from processors.dlq import dead_letter_headers
 from schemas import ContractError
 from streams.cli.main import main
 from streams.cli.dlq_replay import (FILTERED, FOREIGN, REPLAY, REPLAYED_FROM, DeadLetter, Selection, SelectionError,
-                                    check, instant, judge, read_to_end, summary)
+                                    check, instant, judge, summary)
 from streams.settings import Settings
-from streams.topics import ensure_topics
+from streams.topics import ensure_topics, read_to_end
 from support.broker import committed_offsets
 from support.harness import run, settings_env, wait_for
 

@@ -12,7 +12,7 @@ from processors.provenance import as_of, tree
 from streams.adapters.view.edge import EdgeView
 from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionCreated,
                      ReflectionCycleCompleted, ReflectionInvalidated, ReflectionRequested, now)
-from streams.http.api import live_beliefs
+from streams.http.routes.beliefs import live_beliefs
 
 
 @pytest.fixture
