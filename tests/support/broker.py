@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -123,27 +122,11 @@ class KafkaContainerBroker:
 
 async def read_topic(settings: Settings, topic: str, parse=lambda record: record, timeout: float = 30.0) -> list:
     """Every record of a topic, parsed, read to each partition's fetch high
-    watermark: Tansu's ListOffsets is wrong after a multi-record batch (which
-    producers other than the worker's send), the fetch's high watermark is right."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    watermark (`read_to_end`: Tansu's ListOffsets is wrong after a
+    multi-record batch, which producers other than the worker's send)."""
+    from streams.topics import read_to_end
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False,
-                                max_partition_fetch_bytes=4_000_000, fetch_max_bytes=16_000_000)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        out, deadline = [], time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                out.extend(parse(r) for r in records)
-            marks = [consumer.highwater(tp) for tp in tps]
-            if None not in marks and all([await consumer.position(tp) >= m for tp, m in zip(tps, marks)]):
-                return out
-        raise AssertionError(f"could not read {topic} to its end in {timeout:g} s")
-    finally:
-        await consumer.stop()
+    return [parse(r) for r in await read_to_end(settings, [topic], timeout)]
 
 
 async def read_opened(settings: Settings, topic: str, timeout: float = 30.0) -> list[dict]:
