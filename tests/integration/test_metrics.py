@@ -210,7 +210,9 @@ def test_metrics_count_what_the_worker_did(settings, worker):
             # The cycle's audit event follows its beliefs on the topic: wait for it too.
             completed = value(samples, "reflect_events_total", topic=s.topic_reflections,
                               type="ReflectionCycleCompleted", outcome="ok")
-            return created and completed and len(beliefs) == created and (samples, beliefs)
+            # Counted as read (the runner reads a batch ahead), projected after: wait for the projection too.
+            projected = value(samples, "reflect_projector_upsert_seconds_count", kind="reflection")
+            return created and completed and projected and len(beliefs) == created and (samples, beliefs)
         samples, beliefs = wait_for(created_and_projected, 30, "every belief created projected")
 
         content_type, text = scrape(port)
