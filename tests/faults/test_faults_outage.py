@@ -250,10 +250,13 @@ def test_reasoner_outage_keeps_ingestion_and_bounds_the_calls(broker, tmp_path, 
         assert outcomes[:FAILURES] == ["unavailable"] * FAILURES  # then the breaker opened
         assert calls <= bound, f"{calls} API requests during the outage, more than {bound}"
         # Ingest did not wait for the reasoner: the outage's 120 episodes were all
-        # visible in under half the time of the one failed cycle each partition
-        # would have waited for. (Phases of 0.2-0.9 s; a loaded CI box measured
-        # ratios down to 0.27 with nothing wrong, a quiet one 0.8-1.5.)
-        assert down_s < failed_cycle_s / 2, f"the outage phase took {down_s:.1f} s: it waited for the reasoner"
+        # visible within the healthy phase's time, on the same box in the same
+        # run, plus half the one failed cycle each partition would have waited
+        # for. (Phases of 0.2-0.9 s; a loaded CI box measured ratios down to
+        # 0.27 with nothing wrong, a quiet one 0.8-1.5, and once, with four test
+        # processes on two cores, an outage phase of 1.9 s.)
+        assert down_s < healthy_s + failed_cycle_s / 2, \
+            f"the outage phase took {down_s:.1f} s, the healthy one {healthy_s:.1f} s: it waited for the reasoner"
         assert ratio > 0.1, f"ingestion slowed to {ratio:.0%} of its healthy rate while the reasoner was down"
         assert max(c["duration_ms"] for c in outage_cycles if c["outcome"] == "refused") < 100  # fails fast
     finally:
