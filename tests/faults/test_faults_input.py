@@ -483,8 +483,9 @@ def test_bad_input_is_dead_lettered_exactly_and_valid_input_projected_exactly_on
     assert in_ == valid_n + dlq
     assert len(bad) / in_ >= 0.28
     # A guard against a collapse (each bad record costs an acknowledged dead letter), not a benchmark: the
-    # windows last about a second, and the ratio was 0.33-0.35 alone and 0.29 under CI's two processes.
-    assert mixed_rate / clean_rate > 0.2
+    # windows last about a second, and the ratio was 0.33-0.35 alone, 0.29 under CI's two processes and
+    # 0.19 under three with another test run beside them: the bound is a collapse to a tenth.
+    assert mixed_rate / clean_rate > 0.1
 
 
 def expected_view(good: list[Sent]) -> dict[tuple[str, str], str | None]:
