@@ -5,8 +5,9 @@ threshold *and* the user has enough high-salience history; after it fires the
 pending sum resets unconditionally — even if the cycle then fails — so a
 failing reasoner cannot be asked again on every episode.
 
-The recent window (the 100 newest episodes) lives in this state, by id only, so step 2 never reads the user's whole store. Ids, not
-texts: the reflector reads the texts from the view, and every change of this
+The recent window (the 100 newest episodes) lives in this state, by id
+only, so step 2 never reads the user's whole store. Ids, not texts: the
+reflector reads the texts from the view, and every change of this
 state is a changelog record (texts made each one ~20 KB, which capped the
 worker's ingest, and left erased text in the changelog). It also makes
 redelivery harmless: an episode already in the window is not counted twice.

@@ -152,7 +152,8 @@ def bearing_of(view: VectorStore, user: str, episodes: Sequence[Mapping[str, Any
     run = view.vectors([point_id("episode", user, e["id"]) for e in episodes])
     held = [i for i, e in enumerate(episodes) if point_id("episode", user, e["id"]) in run]
     if held:
-        scores = bearings([episodes[i] for i in held], [run[point_id("episode", user, episodes[i]["id"])] for i in held],
+        scores = bearings([episodes[i] for i in held],
+                          [run[point_id("episode", user, episodes[i]["id"])] for i in held],
                           beliefs, {rid: found[pid] for pid, rid in own.items() if pid in found},
                           {eid: found[pid] for pid, eid in cited.items() if pid in found})
         for i, score in zip(held, scores):

@@ -71,7 +71,8 @@ class Budget:
             return ("budget: this tenant's share of its daily tokens in this partition is spent "
                     f"({tenant_spent}/{self.tenant_tokens})")
         if self.partition_tokens and partition_spent >= self.partition_tokens:
-            return f"budget: this partition's share of the daily tokens is spent ({partition_spent}/{self.partition_tokens})"
+            return (f"budget: this partition's share of the daily tokens is spent "
+                    f"({partition_spent}/{self.partition_tokens})")
         return None
 
 

@@ -35,7 +35,8 @@ _WORD_CUES: tuple[tuple[str, str], ...] = tuple((name, pattern) for name, patter
                            r"|have to|are required to|need to|will now|are now|are to)\b"),
     ("role change", r"\b(act as|pretend (to be|you are)|roleplay|from now on|jailbreak|developer mode"
                     r"|debug mode|dan mode|god mode)\b"),
-    ("instruction to the reader", r"\b(do not|don t|never) (tell|reveal|mention|inform|warn|let) (the )?(user|anyone)\b"),
+    ("instruction to the reader",
+     r"\b(do not|don t|never) (tell|reveal|mention|inform|warn|let) (the )?(user|anyone)\b"),
     ("exfiltration", r"\b(send|forward|upload|post|email|leak|share|exfiltrate|print|reveal|dump)( \w+){0,5} "
                      r"(passwords?|credentials?|api keys?|tokens?|secrets?|private keys?|ssh keys?"
                      r"|every (statement|user|record))\b"),

@@ -181,7 +181,8 @@ class Invalidator:
             if d.status == "invalid":
                 state["gone"][d.reflection_id] = {"at": at, "erasure": erasure}
             out.append(ReflectionInvalidated(
-                event_id=f"invalidated:{d.reflection_id}:{cause}{':erasure' if erasure else ''}", user_id=user, reflection_id=d.reflection_id,
+                event_id=f"invalidated:{d.reflection_id}:{cause}{':erasure' if erasure else ''}", user_id=user,
+                reflection_id=d.reflection_id,
                 cause=cause, path=d.path, status=d.status, invalid_at=at, expired_at=expired,
                 confidence=d.confidence, surviving_evidence_ids=d.surviving, erased=erasure))
             # What still stands is reflected on again: to confirm a weakened belief, or

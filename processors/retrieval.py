@@ -121,7 +121,8 @@ def pinned_score(belief: dict[str, Any], now: datetime) -> float:
     last = belief.get("reinforced_at") or belief.get("created_at")
     age_days = (now - parse_time(last)).total_seconds() / 86400 if last else 0
     evidence = max(1, len(belief.get("evidence_ids", ())))
-    return float(belief.get("confidence", 0.0)) * (1 + math.log(evidence)) * 0.5 ** (max(0.0, age_days) / PIN_HALF_LIFE_DAYS)
+    decay = 0.5 ** (max(0.0, age_days) / PIN_HALF_LIFE_DAYS)
+    return float(belief.get("confidence", 0.0)) * (1 + math.log(evidence)) * decay
 
 
 OBSERVATIONS_OPEN = "<user_observations>"

@@ -33,7 +33,8 @@ def cue_features(questions: Sequence[str]) -> np.ndarray:
     rows = []
     for q in questions:
         text = q.lower()
-        rows.append([sum(w for _, w in cues_in(text, INSTANCE_CUES)) / 4, sum(w for _, w in cues_in(text, PATTERN_CUES)) / 4,
+        rows.append([sum(w for _, w in cues_in(text, INSTANCE_CUES)) / 4,
+                     sum(w for _, w in cues_in(text, PATTERN_CUES)) / 4,
                      1.0 if GENERAL.search(text) else 0.0])
     return np.asarray(rows, dtype=np.float32)
 

@@ -654,7 +654,8 @@ class Settings:
         env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("REFLECT_")}
         for spec in SPECS:
             value = getattr(self, spec.name)
-            env[spec.env] = "" if value is None else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+            env[spec.env] = "" if value is None else \
+                ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
         return env
 
     @property

@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
     bench.add_argument("--json", action="store_true", help="print one JSON document (progress goes to stderr)")
     bench.add_argument("--only", default=None, help=(
-        "comma-separated: ingest,cycle,read,invalidation,rebuild,sealing,retrieval,public; opt-in, run only when named: "
+        "comma-separated: ingest,cycle,read,invalidation,rebuild,sealing,retrieval,public; "
+        "opt-in, run only when named: "
         "import (REALTALK over HTTP), chaos (kill -9, SIGTERM, joins and leaves against a reference), "
         "beliefs (reflect demo --json over many seeds, scored)"))
     bench.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and bench.json there")

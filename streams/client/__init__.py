@@ -183,7 +183,8 @@ class _Api:
                                 wait=wait or 0.0, names_it=True))
 
     def retract(self, user: str, episode_id: str, reason: str = "incorrect") -> Accepted:
-        """Retract an episode (incorrect, erasure, duplicate, superseded, other): beliefs resting on it are revisited."""
+        """Retract an episode (incorrect, erasure, duplicate, superseded, other):
+        beliefs resting on it are revisited."""
         return self._send(_Call("POST", _user(user, "episodes", episode_id, "retract"), Accepted.from_json,
                                 body={"reason": reason}))
 

@@ -177,7 +177,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="20", help="N report seeds, a comma list (7, for one seed), or dev (default 20)")
+    parser.add_argument("--seeds", default="20",
+                        help="N report seeds, a comma list (7, for one seed), or dev (default 20)")
     parser.add_argument("--stub", action="store_true", help="the stub baseline on the same seeds too")
     parser.add_argument("--reasoner", choices=("offline", "standin", "stub"), default="offline")
     parser.add_argument("--json", action="store_true")

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the first run's seed (default: random, printed)")
     parser.add_argument("--control", type=int, default=2, help="runs with no fault first, as the baseline (2)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout (progress on stderr)")
-    parser.add_argument("--keep", action="store_true", help="keep each run's worker logs, and the data of runs with a violation (path printed)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each run's worker logs, and the data of runs with a violation (path printed)")
     args = parser.parse_args(argv)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     result = measure(args.runs, args.shape, args.seed, args.control, echo=echo, keep=args.keep)

@@ -93,8 +93,9 @@ class WholeStore:
     def search(self, user_id, vector, k, before=None, upto=None, **match) -> list[Hit]:
         q, shard, offset, points = self.view._q, self.view._shard, None, []
         while True:
+            where = self.view._filter(user_id, match, upto=upto)
             records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=2048, with_payload=True,
-                                                           with_vector=True, filter=self.view._filter(user_id, match, upto=upto)))
+                                                           with_vector=True, filter=where))
             points += [r for r in records if before is None or r.payload["occurred_at"] <= before]
             if offset is None:
                 break
@@ -191,7 +192,8 @@ def sample_store(root: Path, n: int, embedder) -> tuple[EdgeView, ReflectionRequ
         cited = rng.sample(episodes[:n // 2], 3)
         beliefs.append(ReflectionCreated(
             user_id=USER, reflection_id=f"r-{b}", cycle_id=f"{USER}:{b}", text=belief_text(
-                3, generalized(e.text), [c.occurred_at for c in cited]), evidence_ids=tuple(c.episode_id for c in cited),
+                3, generalized(e.text), [c.occurred_at for c in cited]),
+            evidence_ids=tuple(c.episode_id for c in cited),
             depth=1, importance=0.7, confidence=0.6, reasoner="offline-extractive", prompt_version="extractive-v3",
             question="q", occurred_at=episodes[n // 2].occurred_at))
     view = EdgeView(root, "bench", embedder.dim)

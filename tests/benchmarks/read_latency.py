@@ -451,7 +451,8 @@ def over_http(tmp: Path, users: int, pairs, local: dict, answers: dict, min_scor
             w.stop()
         rss["empty"] = empty_worker_rss(settings, tmp)
     print(f"HTTP: reflect worker on Tansu, started (view load + group join) in {started:.1f} s; first requests "
-          f"for each of {users} users (in this order), p50: " + ", ".join(f"{k} {q(v, 50):.2f} ms" for k, v in cold.items()))
+          f"for each of {users} users (in this order), p50: "
+          + ", ".join(f"{k} {q(v, 50):.2f} ms" for k, v in cold.items()))
     print(f"  then warm: {len(pairs)} requests per route, round robin, order rotated, one connection each")
     print("  same answer as in-process (ids, in order): "
           + ", ".join(f"{name} {count}/{len(pairs)}" for name, count in same.items()))

@@ -409,7 +409,8 @@ def measure(conversations: int = 2, posters: int = 8, delay: float = 5.0, fresh=
                                   ">=", 1.0))
     return {"data": f"{realtalk.SOURCE}@{realtalk.SOURCE_COMMIT[:12]}",
             "conversations": [c.name for c in convs], "turns": n, "posters_per_user": posters, "delay_s": delay,
-            "embed_batch": batch, "alone_cpu_s": round(alone_cpu, 1), "runs": runs, "determinism": checks, "figures": figures, "targets": targets}
+            "embed_batch": batch, "alone_cpu_s": round(alone_cpu, 1), "runs": runs, "determinism": checks,
+            "figures": figures, "targets": targets}
 
 
 def work_dir(keep: str | None):

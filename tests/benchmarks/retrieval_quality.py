@@ -194,7 +194,8 @@ def measure(embedder_name: str = "minilm", k: int = 10, query_prefix: bool = Fal
     figures.append(figure("pattern questions answered by a belief", 100 * sum(patterned) / len(patterned), "%"))
     gain = 100 * (table["hybrid"]["instance"]["r@10"] - table["cosine"]["instance"]["r@10"])
     auto_cost = 100 * (table["hybrid"]["instance"]["r@10"] - table["auto"]["instance"]["r@10"])
-    return {"embedder": embedder_name + (" (query prefix)" if query_prefix else ""), "questions": {t: sum(q["type"] == t for q in qs) for t in ("instance", "pattern")},
+    return {"embedder": embedder_name + (" (query prefix)" if query_prefix else ""),
+            "questions": {t: sum(q["type"] == t for q in qs) for t in ("instance", "pattern")},
             "build_s": round(built, 1), "recall": table, "figures": figures,
             "targets": [target("hybrid − cosine instance recall@10 (points)", gain, ">=", 10.0),
                         target("instance − auto instance recall@10 (points)", auto_cost, "<=", 1.0)]}

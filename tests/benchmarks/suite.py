@@ -160,7 +160,8 @@ def plot(doc: dict, out: Path) -> list[Path]:
         rows = doc["scenarios"]["cycle"]["rows"]
         fig, ax = plt.subplots(figsize=(6.4, 4))
         sizes = [r["episodes"] for r in rows]
-        for key, label in (("offline_ms", "cycle, offline reasoner"), ("anthropic_http_ms", "cycle, anthropic over HTTP"),
+        for key, label in (("offline_ms", "cycle, offline reasoner"),
+                           ("anthropic_http_ms", "cycle, anthropic over HTTP"),
                            ("naive_whole_store_ms", "baseline: fetch and sort the whole store")):
             ax.plot(sizes, [r[key] for r in rows], marker="o", label=label)
         ax.set(xscale="log", yscale="log", xlabel="episodes of the user", ylabel="ms per cycle (median)",

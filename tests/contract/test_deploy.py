@@ -293,7 +293,8 @@ def selects(selector: dict, labels: dict) -> bool:
 def k8s_settings() -> Settings:
     """What a worker pod resolves: the ConfigMap plus the Secret's REFLECT_* values."""
     secret = one("Secret").get("stringData", {})
-    return Settings.load(env={**one("ConfigMap")["data"], **{k: v for k, v in secret.items() if k.startswith("REFLECT_")}})
+    secrets = {k: v for k, v in secret.items() if k.startswith("REFLECT_")}
+    return Settings.load(env={**one("ConfigMap")["data"], **secrets})
 
 
 def test_kustomization_lists_every_manifest():

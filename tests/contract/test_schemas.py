@@ -103,7 +103,8 @@ def valid_episode() -> dict:
 REQUIRED = ["event_id", "type", "schema_version", "user_id", "occurred_at", "recorded_at",
             "episode_id", "text", "importance"]
 WRONG_TYPES = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(),
-                        st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                        st.lists(st.integers(), max_size=2),
+                        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
 @given(st.sampled_from(REQUIRED))

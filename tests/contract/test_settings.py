@@ -192,7 +192,8 @@ def test_one_builder_gives_aiokafka_and_faust_the_same_broker_security():
     assert set(client_options(ssl_only)) == {"bootstrap_servers", "security_protocol", "ssl_context"}
     sasl_plain = Settings.load(env={"REFLECT_BROKER_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
                                     "REFLECT_BROKER_SASL_USERNAME": "u", "REFLECT_BROKER_SASL_PASSWORD": "p"})
-    assert faust_credentials(sasl_plain).protocol.value == "SASL_PLAINTEXT" and "ssl_context" not in client_options(sasl_plain)
+    assert faust_credentials(sasl_plain).protocol.value == "SASL_PLAINTEXT"
+    assert "ssl_context" not in client_options(sasl_plain)
     plain = Settings.load(env={})
     assert faust_credentials(plain) is None
     assert client_options(plain) == {"bootstrap_servers": "127.0.0.1:9092", "security_protocol": "PLAINTEXT"}

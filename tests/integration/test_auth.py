@@ -125,8 +125,8 @@ def test_audience_issuer_lifetime_and_revocation():
     strict.revoked.add("t1", time.time() + 3600, time.time())
     with pytest.raises(auth.AuthError, match="revoked"):
         auth.credential_of(f"Bearer {good}", strict)
-    assert auth.credential_of(f"Bearer {token(['ann'], 'read', aud='reflect-prod', iss='https://idp.example', jti='t2')}",
-                              strict).users == ("ann",)
+    fresh = token(['ann'], 'read', aud='reflect-prod', iss='https://idp.example', jti='t2')
+    assert auth.credential_of(f"Bearer {fresh}", strict).users == ("ann",)
     # An expired revocation is forgotten (the token fails on exp anyway); minting honours the limits.
     strict.revoked.add("old", time.time() - 3600, time.time())
     assert "old" not in strict.revoked and len(strict.revoked) == 1
@@ -145,7 +145,8 @@ def test_credentials_expiry_signature_rotation_and_algorithm_pinning(tmp_path):
                          (f"Bearer {token(['ann'], 'read', ttl=-120)}", "expired"),
                          (f"Bearer {token(['ann'], 'read', secret='x' * 40)}", "signature"),
                          (f"Bearer {SHARED[:-1]}x", "well-formed"),
-                         ("Bearer " + jwt.encode({"users": ["ann"], "scope": "read"}, SECRET, algorithm="HS256"), "exp"),
+                         ("Bearer " + jwt.encode({"users": ["ann"], "scope": "read"}, SECRET, algorithm="HS256"),
+                          "exp"),
                          ("Bearer " + jwt.encode({"users": ["*"], "scope": "admin", "exp": time.time() + 60}, None,
                                                  algorithm="none"), "not accepted")):
         with pytest.raises(auth.AuthError, match=says) as refused:
@@ -161,7 +162,8 @@ def test_credentials_expiry_signature_rotation_and_algorithm_pinning(tmp_path):
     both = keys(auth_public_key_file=es_public, auth_previous_public_key_file=rs_public)
     claims = auth.claims_for(["ann"], "read write", 60, time.time())
     assert jwt.get_unverified_header(auth.mint(claims, private_key_pem=es_private))["alg"] == "ES256"
-    assert auth.credential_of(f"Bearer {auth.mint(claims, private_key_pem=es_private)}", both).scopes == {"read", "write"}
+    es_token = auth.mint(claims, private_key_pem=es_private)
+    assert auth.credential_of(f"Bearer {es_token}", both).scopes == {"read", "write"}
     assert auth.credential_of(f"Bearer {auth.mint(claims, private_key_pem=rs_private)}", both).users == ("ann",)
     confused = jwt.encode(claims, SECRET, algorithm="HS256")  # an HS256 token where only keys are configured
     with pytest.raises(auth.AuthError, match="not accepted"):

@@ -39,7 +39,8 @@ def stack(request, settings, worker):
         run(ensure_topics(s))
         yield s, worker(s), None
         return
-    server = MessagesServer(OfflineModel(make_embedder("minilm")))  # the stand-in answers as the offline rules would, through the prompts
+    # The stand-in answers as the offline rules would, through the prompts.
+    server = MessagesServer(OfflineModel(make_embedder("minilm")))
     try:
         s = replace(s, reasoner="anthropic")
         run(ensure_topics(s))

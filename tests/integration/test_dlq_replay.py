@@ -164,7 +164,8 @@ def _recent() -> tuple[datetime, datetime, list[str]]:
     failed_at = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
     def rfc3339(at: datetime) -> str:
         return at.isoformat().replace("+00:00", "Z")
-    window = ["--since", rfc3339(failed_at - timedelta(minutes=30)), "--until", rfc3339(failed_at + timedelta(minutes=30))]
+    half_hour = timedelta(minutes=30)
+    window = ["--since", rfc3339(failed_at - half_hour), "--until", rfc3339(failed_at + half_hour)]
     return failed_at, failed_at - timedelta(days=2), window
 
 

@@ -309,7 +309,8 @@ def test_only_grounded_insights_of_a_model_answer_are_persisted(settings, worker
             [audit] = [e for e in events if e["type"] == "ReflectionCycleCompleted" and e["user_id"] == user]
             assert [d["text"] for d in audit["drops"] if d["reason"].startswith("not grounded")] == [
                 "Ungrounded: the user collects stamps"]
-            assert audit["dropped"] == len(audit["drops"]) == 3 and audit["usage"]["calls"] == 2 and audit["usage"]["input_tokens"] == 200
+            assert audit["dropped"] == len(audit["drops"]) == 3
+            assert audit["usage"]["calls"] == 2 and audit["usage"]["input_tokens"] == 200
     finally:
         api.close()
 

@@ -57,7 +57,8 @@ def test_a_bad_key_is_named(key):
     assert refused.value.field == "idempotency_key" and "visible ASCII" in refused.value.reason
 
 
-@pytest.mark.parametrize("key", ["k", "~" * KEY_MAX, "3f2b8c1e-5d4a-4b6f-9e7d-2a1c0b9f8e7d", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"])
+@pytest.mark.parametrize("key", ["k", "~" * KEY_MAX, "3f2b8c1e-5d4a-4b6f-9e7d-2a1c0b9f8e7d",
+                                 "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"])
 def test_a_good_key_passes(key):
     assert key_problem(key) is None
 

@@ -74,7 +74,8 @@ def test_recall_routes_and_never_crosses_users(settings, worker):
     assert w.get("/v1/users/ann/recall?q=")["error"]["field"] == "q"
 
     prompt = w.get("/v1/users/ann/beliefs?format=prompt&budget=60")
-    assert prompt["beliefs"] >= 1 and len(prompt["prompt"]) // 4 <= 60 and prompt["prompt"].startswith("Observations about the user")
+    assert prompt["beliefs"] >= 1 and len(prompt["prompt"]) // 4 <= 60
+    assert prompt["prompt"].startswith("Observations about the user")
     ranked = w.get("/v1/users/ann/beliefs?limit=50")["beliefs"]
     assert [b["pinned_score"] for b in ranked] == sorted((b["pinned_score"] for b in ranked), reverse=True)
 

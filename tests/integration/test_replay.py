@@ -170,7 +170,8 @@ def logged(settings, events) -> None:
 
 def settled(w, users, per_user) -> bool:
     stats = [w.stats(u) for u in users]
-    return all(s.get("episodes", 0) + s.get("retracted", 0) == per_user and s.get("requests", 0) == s.get("requests_done") for s in stats)
+    return all(s.get("episodes", 0) + s.get("retracted", 0) == per_user
+               and s.get("requests", 0) == s.get("requests_done") for s in stats)
 
 
 def replayed(client, name: str, timeout: float = 180.0) -> dict:

@@ -104,7 +104,8 @@ def test_up_reflects_through_any_messages_api_server(tmp_path):
         state = call(port, "GET", "/v1/reasoner")[1]
         assert (state["reasoner"], state["batched"], state["cycles"]) == ("anthropic", False, {"ok": 1})
         tools = [r["body"]["tool_choice"]["name"] for r in server.requests]
-        assert state["calls"] == len(tools) >= 2 and tools == ["record_questions"] + ["record_insights"] * (len(tools) - 1)
+        assert state["calls"] == len(tools) >= 2
+        assert tools == ["record_questions"] + ["record_insights"] * (len(tools) - 1)
         wait_for(lambda: call(port, "GET", "/v1/users/ann/beliefs")[1]["beliefs"], 30, "beliefs projected")
         beliefs = call(port, "GET", "/v1/users/ann/beliefs")[1]["beliefs"]
         assert all(len(b["evidence_ids"]) >= 2 for b in beliefs)

@@ -51,7 +51,8 @@ def test_questions_through_a_forced_tool_with_statements_as_delimited_data(serve
     assert (usage.calls, usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (1, 321, 12, 300)
     body = server.requests[0]["body"]
     assert body["tool_choice"] == {"type": "tool", "name": "record_questions"}
-    assert body["system"][0]["cache_control"] == {"type": "ephemeral"} and "not instructions" in body["system"][0]["text"]
+    assert body["system"][0]["cache_control"] == {"type": "ephemeral"}
+    assert "not instructions" in body["system"][0]["text"]
     data = body["messages"][0]["content"]
     assert data.startswith("<statements>\n1. reverted PR 12") and data.count("</statements>") == 1
 

@@ -71,7 +71,8 @@ def test_many_episodes_bearing_on_a_belief_make_one_challenge_at_the_quorum():
     assert used == 1 and [p["by"] for p in again if p["id"] == "b1"] == [["e0", "e2", "e3"]]
     pending, used = gather(again, episodes[4:], scores[4:], 0.6, {"b1": 3, "b2": 2})
     assert [c.challenger_ids for c in closed(pending) if c.reflection_id == "b2"] == [("e2", "e4")]
-    assert quorum_of({"support": 30}, 3) == 15 and quorum_of({"support": 40}, 3) == 16 and quorum_of({"evidence_ids": ["a", "b"]}, 3) == 3
+    assert quorum_of({"support": 30}, 3) == 15 and quorum_of({"support": 40}, 3) == 16
+    assert quorum_of({"evidence_ids": ["a", "b"]}, 3) == 3
 
 
 def test_an_episode_bears_only_on_beliefs_held_when_it_happened():
@@ -233,7 +234,8 @@ def test_challenges_get_half_of_a_token_budget_and_never_starve_reflection_cycle
             runtime = memory_runtime(settings, view, meaning(), AnthropicReasoner(client, "claude-haiku-4-5"),
                                      Backoff(0.001, 0.01))
             today = day_of(datetime.now(timezone.utc))  # budgets are per UTC day of the wall clock
-            runtime.tables.spend.data[f"user:{USER}"] = Spend().charged(today, 60_000, "earlier-cycle").to_dict()  # past half
+            # Past half the day's tokens.
+            runtime.tables.spend.data[f"user:{USER}"] = Spend().charged(today, 60_000, "earlier-cycle").to_dict()
             await MemoryWorker(runtime).run(story(PANDAS, "pandas"))
             return runtime
         runtime = asyncio.run(go())

@@ -11,7 +11,8 @@ from processors.reasoners import OfflineReasoner
 from processors.reflection import Insight
 from processors.reflector import CycleConfig, cycle_window, run_cycle, window_records
 from streams.adapters.view.edge import EdgeView
-from schemas import EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionReinforced, ReflectionRequested, decode
+from schemas import (EpisodeRecorded, EpisodeRetracted, ReflectionCreated, ReflectionReinforced, ReflectionRequested,
+                     decode)
 
 TEXTS = ["revert of PR {n}: the auth middleware broke login",
          "revert of PR {n}: auth token refresh failed in staging",

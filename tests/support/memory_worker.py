@@ -5,9 +5,10 @@ gives them (the real Qdrant Edge view, HashingEmbedder, OfflineReasoner).
 What runs is the worker's own code from `Runner.admit` on: the pipelines'
 `handle()`, the error policy, the real `Tables` and `Outlets` classes — built
 over `MemoryApp`, which answers the two calls they make of a Faust app
-(`Table`, `topic`), and `MemoryLog` for streams/worker/on_log.Log. What is replaced is Faust's consumer: each pipeline is a
-task that takes up to `projector_batch` unread records of its topic, handles
-them, and only then moves its position on (acknowledged when done, as
+(`Table`, `topic`), and `MemoryLog` for streams/worker/on_log.Log. What is
+replaced is Faust's consumer: each pipeline is a task that takes up to
+`projector_batch` unread records of its topic, handles them, and only then
+moves its position on (acknowledged when done, as
 `Runner.run`). The tasks run concurrently, as Faust's agents do: a retraction
 waits for its user's cycles, which the requests task runs meanwhile.
 

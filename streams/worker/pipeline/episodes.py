@@ -93,8 +93,10 @@ class EpisodesPipeline(Runner):
         states = {user: await self.resent(user) for user in partitions}
         folded = fold(states, [(r, m.offset) for r, m in applied], first, self.trigger, self.gated_on)
         for user, episode, at, was in folded.again:
-            log.info("user %s: episode %s logged again at offset %d (first at %d): counted once", user, episode, at, was)
-        for user, (state, offsets) in folded.redelivered.items():  # a crash or a handover between a write and its commit
+            log.info("user %s: episode %s logged again at offset %d (first at %d): counted once",
+                     user, episode, at, was)
+        # Redelivered: a crash or a handover between a write and its commit.
+        for user, (state, offsets) in folded.redelivered.items():
             log.info("user %s: %d record(s) at offsets %d–%d redelivered, applied already (the state is at %d): "
                      "skipped", user, len(offsets), offsets[0], offsets[-1], state)
         table = self.runtime.tables.accumulators
