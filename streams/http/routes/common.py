@@ -22,6 +22,7 @@ from yarl import URL
 
 from processors.accumulator import Accumulator
 from processors.freshness import POLICIES, Freshness
+from processors.projector import point_id
 from schemas import ContractError, parse_time, schema_text
 from streams import auth
 from streams.http import forwarding
@@ -92,6 +93,13 @@ class Context:
     @property
     def settings(self):
         return self.runtime.settings
+
+
+def users_point(view, kind: str, user_id: str, record_id: str) -> dict[str, Any] | None:
+    """The user's point of this kind and id, or None: another user's is none of theirs."""
+    pid = point_id(kind, user_id, record_id)
+    found = view.get([pid]).get(pid)
+    return found if found is not None and found.get("user_id") == user_id else None
 
 
 def context(view: View) -> Context:

@@ -13,8 +13,9 @@ import asyncio
 
 from faust.web import Request, Response, View
 
-from processors.projector import point_id, served
-from streams.http.routes.common import ApiError, answers_json, context, json_body, known_fields, owned, publish
+from processors.projector import served
+from streams.http.routes.common import (ApiError, answers_json, context, json_body, known_fields, owned, publish,
+                                        users_point)
 from streams.producer import episode_id_for_key, key_problem, make_episode, make_forget, make_retraction
 
 EPISODE_FIELDS = {"text", "importance", "episode_id", "occurred_at", "source", "metadata"}
@@ -57,9 +58,8 @@ class Episode(View):
     @answers_json
     @owned(tables=False)
     async def get(self, request: Request, user_id: str, episode_id: str) -> Response:
-        pid = point_id("episode", user_id, episode_id)
-        payload = (await asyncio.to_thread(context(self).view.get, [pid])).get(pid)
-        if payload is None or payload.get("user_id") != user_id:
+        payload = await asyncio.to_thread(users_point, context(self).view, "episode", user_id, episode_id)
+        if payload is None:
             raise ApiError(404, "not_found", "no such episode for this user")
         return self.json(served(payload))
 

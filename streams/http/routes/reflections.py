@@ -10,17 +10,14 @@ from typing import Any
 from faust.web import Request, Response, View
 
 from processors import provenance
-from processors.projector import point_id
 from streams.http.routes.beliefs import belief
-from streams.http.routes.common import ApiError, answers_json, context, owned
+from streams.http.routes.common import ApiError, answers_json, context, owned, users_point
 
 
 def explained(view, user_id: str, reflection_id: str, max_depth: int) -> dict[str, Any] | None:
     """The belief and its provenance tree, or None if the user has no such reflection."""
     def get(kind: str, rid: str):
-        pid = point_id(kind, user_id, rid)
-        found = view.get([pid]).get(pid)
-        return found if found and found.get("user_id") == user_id else None
+        return users_point(view, kind, user_id, rid)
 
     found = get("reflection", reflection_id)
     if found is None:
@@ -45,9 +42,8 @@ class Erasure(View):
     @owned(tables=False)
     async def get(self, request: Request, user_id: str, erasure_id: str) -> Response:
         """The proof of an erasure (ErasureCompleted): what it took the text of, ids only."""
-        pid = point_id("erasure", user_id, erasure_id)
-        found = (await asyncio.to_thread(context(self).view.get, [pid])).get(pid)
-        if found is None or found.get("user_id") != user_id:
+        found = await asyncio.to_thread(users_point, context(self).view, "erasure", user_id, erasure_id)
+        if found is None:
             raise ApiError(404, "not_found", f"user {user_id} has no completed erasure {erasure_id} (an erasure "
                                              "completes once its walk is done)", "erasure_id")
         return self.json({k: v for k, v in found.items() if k != "kind"})
