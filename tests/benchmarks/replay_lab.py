@@ -73,7 +73,8 @@ async def publish(settings: Settings, hist) -> None:
 
 def settled(worker: Worker, user: str, episodes: int) -> bool:
     stats = worker.stats(user)
-    return stats.get("episodes") == episodes and stats.get("requests", 0) == stats.get("requests_done")
+    return stats.get("episodes") == episodes == stats.get("folded") and \
+        stats.get("requests", 0) == stats.get("requests_done")
 
 
 class Reads:

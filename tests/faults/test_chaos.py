@@ -54,7 +54,8 @@ import os
 import pytest
 
 from support.broker import TEST_BROKER
-from support.chaos import SHORT, Call, Chaos, Outcome, Reference, Result, call_key, check, make_schedule, said, seeds
+from support.chaos import (SHORT, Call, Chaos, Outcome, Reference, Result, call_key, check, make_schedule, said, seeds,
+                           traces)
 
 RUNS = int(os.environ.get("REFLECT_CHAOS_RUNS", "10"))
 
@@ -153,6 +154,8 @@ def test_the_check_reports_each_kind_of_violation():
     assert check(run, Reference.of(tiny_outcome()))[1]["repaid_before_log"] == 1
     assert doctored(lambda run: run.calls.append(Call(2.5, "record_questions", "u1", "k-other"))) == \
         ["model_call_unmatched"]
+    # a fault taken for bad input
+    assert doctored(lambda run: run.dead_letters.append({"stage": "reflect"})) == ["dead_lettered"]
     # (d) a belief changed, gone, or another in its place; evidence compared as a set
     assert doctored(lambda run: run.beliefs["u1"]["r1"].update(confidence=0.6)) == ["belief_differs"]
     assert doctored(lambda run: run.beliefs["u1"]["r1"].update(status="stale")) == ["belief_differs"]
@@ -171,6 +174,18 @@ def test_a_report_names_the_seed_the_schedule_and_what_differs():
     report = Result(7, schedule, ["+0.31s kill9 w0"], violations, figures, 12.0).report()
     assert "seed=7" in report and "REFLECT_CHAOS_SEED=7" in report and said(schedule) in report
     assert "belief_differs: u1" in report and "'confidence': (0.6, 0.5)" in report
+
+
+@pytest.mark.chaos
+def test_a_report_carries_what_the_workers_logged_of_a_request_never_completed(tmp_path):
+    (tmp_path / "w0.log").write_text("cycle u1:1 ran\nnothing here\na batch of 2 event(s) given up\n")
+    (tmp_path / "w1.log").write_text("cycle u1:10 ran\n")
+    logs = sorted(tmp_path.glob("w*.log"))
+    assert traces(logs, []) == []
+    found = traces(logs, ["u1:1"])
+    assert found == ["w0 cycle u1:1 ran", "w0 a batch of 2 event(s) given up"]
+    report = Result(7, [], [], [], {}, 1.0, found).report()
+    assert "  log: w0 cycle u1:1 ran" in report
 
 
 @pytest.mark.chaos

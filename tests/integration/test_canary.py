@@ -84,14 +84,26 @@ def raw_records(settings) -> dict[str, list[bytes]]:
     return asyncio.run(deployment_records(settings))
 
 
-def served(w, user: str, belief_ids, said: int = len(SAID), other: int = 0) -> bytes:
-    reads = [w.get(f"/v1/users/{user}/beliefs"), w.get(f"/v1/users/{user}/stats"),
-             w.get(f"/v1/users/{user}/recall?q=heron-lantern%20code"), w.get(f"/v1/users/{user}/recall?q=on-call"),
-             w.get(f"/v1/users/{user}/recall?q=kestrel-quarry%20dashboards")]
-    reads += [w.get(f"/v1/users/{user}/episodes/said-{i}") for i in range(said)]
-    reads += [w.get(f"/v1/users/{user}/episodes/other-{i}") for i in range(other)]
-    reads += [w.get(f"/v1/users/{user}/reflections/{rid}") for rid in belief_ids]
-    return orjson.dumps(reads)
+def served(w, user: str, belief_ids, said: int = len(SAID), other: int = 0) -> dict[str, bytes]:
+    """Every read of the user's that could serve a phrase: path → answer."""
+    paths = [f"/v1/users/{user}/beliefs", f"/v1/users/{user}/stats", f"/v1/users/{user}/recall?q=heron-lantern%20code",
+             f"/v1/users/{user}/recall?q=on-call", f"/v1/users/{user}/recall?q=kestrel-quarry%20dashboards"]
+    paths += [f"/v1/users/{user}/episodes/said-{i}" for i in range(said)]
+    paths += [f"/v1/users/{user}/episodes/other-{i}" for i in range(other)]
+    paths += [f"/v1/users/{user}/reflections/{rid}" for rid in belief_ids]
+    return {path: orjson.dumps(w.get(path)) for path in paths}
+
+
+def serving(w, user: str, belief_ids, phrases: list[bytes], **reads) -> dict[str, str]:
+    """The reads that serve any of `phrases`, each with its answer (what a
+    failure needs to tell which belief or episode kept it, and how)."""
+    return {path: answer.decode() for path, answer in served(w, user, belief_ids, **reads).items()
+            if any(p in answer for p in phrases)}
+
+
+def told(**parts) -> str:
+    """A failure's evidence in full (pytest cuts the repr of a long object, not a string)."""
+    return orjson.dumps(parts, option=orjson.OPT_INDENT_2).decode()
 
 
 @pytest.fixture(params=["offline", "anthropic"])
@@ -135,13 +147,15 @@ def test_an_erased_phrase_is_found_nowhere_and_a_rebuild_does_not_bring_it_back(
     assert {b["reflection_id"] for b in restating} <= taken
     assert any(k.startswith("cycle:") for p in proofs for k in p["keys"])  # the cycle read them: its texts too
 
-    assert PHRASE not in served(w, "cara", ids)
+    held = serving(w, "cara", ids, [PHRASE])
+    assert not held, told(held=held, proofs=proofs, beliefs_before=ids)
     assert not [t for t, values in raw_records(s).items() if any(PHRASE in v for v in values)]
     assert PHRASE not in w.log_path.read_bytes()
     # The view's own files: rewritten point by point once the erasures are done (a scrub).
     wait_for(lambda: not in_files(s, [PHRASE]), 120, "no file of the data directory holding the phrase")
     rebuilt(w)
-    assert PHRASE not in served(w, "cara", ids)
+    held = serving(w, "cara", ids, [PHRASE])
+    assert not held, told(held=held, proofs=proofs)
     assert not set(taken) & {b["reflection_id"] for b in w.get("/v1/users/cara/beliefs")["beliefs"]}
     assert w.stats("cara").get("episodes") == len(OTHER)  # the erased ones are tombstones, not episodes
     assert PHRASE not in w.log_path.read_bytes()
@@ -199,7 +213,7 @@ def test_a_forgotten_user_is_found_nowhere_and_other_users_are_untouched(setting
     assert proof["keys"] == ["user:dana"] and proof["points"] >= len(SAID) + len(ELSE) + len(beliefs)
 
     gone = [PHRASE, b"kestrel-quarry"]
-    assert not [p for p in gone if p in served(w, "dana", ids, other=len(ELSE))]
+    assert not serving(w, "dana", ids, gone, other=len(ELSE))
     assert w.get("/v1/users/dana/beliefs")["beliefs"] == [] and w.stats("dana").get("episodes") == 0
     assert not found(s, w, gone)
     wait_for(lambda: not in_files(s, gone), 120, "no file of the data directory holding the user's phrases")
@@ -212,12 +226,12 @@ def test_a_forgotten_user_is_found_nowhere_and_other_users_are_untouched(setting
     wait_for(lambda: w.stats("dana").get("episodes") == 1, 30, "the new episode projected")
 
     rebuilt(w)
-    assert not [p for p in gone if p in served(w, "dana", ids, other=len(ELSE))]
+    assert not serving(w, "dana", ids, gone, other=len(ELSE))
     assert w.get("/v1/users/dana/beliefs")["beliefs"] == [] and w.stats("dana").get("episodes") == 1
     assert "starts over" in w.get("/v1/users/dana/episodes/anew")["text"]
     assert w.get(f"/v1/users/dana/erasures/{forget}")["points"] == proof["points"]
     assert sorted(b["reflection_id"] for b in w.get("/v1/users/eli/beliefs")["beliefs"]) == \
         sorted(b["reflection_id"] for b in theirs)
-    assert b"otter-beacon" in served(w, "eli", [b["reflection_id"] for b in theirs], other=len(OTHER))
+    assert serving(w, "eli", [b["reflection_id"] for b in theirs], [b"otter-beacon"], other=len(OTHER))
     assert not found(s, w, gone)
     assert not in_files(s, gone)

@@ -169,8 +169,10 @@ def logged(settings, events) -> None:
 
 
 def settled(w, users, per_user) -> bool:
+    """Every episode in the view and folded (the view leads the accumulator,
+    whose requests are not all asked until then), every request done."""
     stats = [w.stats(u) for u in users]
-    return all(s.get("episodes", 0) + s.get("retracted", 0) == per_user
+    return all(s.get("episodes", 0) + s.get("retracted", 0) == per_user == s.get("folded")
                and s.get("requests", 0) == s.get("requests_done") for s in stats)
 
 

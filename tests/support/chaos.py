@@ -174,6 +174,7 @@ class Outcome:
     reflections: list[dict]  # the reflections topic, each record with its timestamp (ms) as "_ts"
     calls: list[Call]
     notes: list[str] = field(default_factory=list)  # what went wrong in the run itself (did not settle, …)
+    dead_letters: list[dict] = field(default_factory=list)  # their headers: the history holds no bad input
     seconds: float = 0.0
     phases: dict = field(default_factory=dict)  # seconds of each part: workers ready, fed, settled, stopped
 
@@ -221,6 +222,7 @@ KINDS = ("episode_missing", "episode_extra", "episode_differs", "count_differs",
          "completion_missing", "completion_duplicated", "outcome_duplicated", "requests_differ",  # (b)
          "model_call_repeated", "model_call_unmatched",  # (c)
          "belief_differs",  # (d)
+         "dead_lettered",  # a fault taken for bad input: the history holds none
          "run")  # the run itself: did not settle, a worker died
 
 
@@ -233,6 +235,8 @@ def check(run: Outcome, reference: Reference) -> tuple[list[Violation], dict]:
     ref = reference.outcome
     found = [Violation("run", note) for note in run.notes]
     found += check_episodes(run, ref) + check_completions(run, ref) + check_beliefs(run, ref)
+    found += [Violation("dead_lettered", f"{len(run.dead_letters)} record(s), e.g. {run.dead_letters[:3]}")
+              ] if run.dead_letters else []
     calls, figures = check_calls(run, reference)
     return found + calls, figures
 
@@ -393,6 +397,14 @@ def said(schedule) -> str:
     return "; ".join(f"+{a.at:.2f}s {a.what} {a.worker}" for a in schedule) or "(none)"
 
 
+def dead_letters(settings: Settings) -> list[dict]:
+    """Every dead letter's headers (stage, exception, where it was read), of both dead-letter topics."""
+    def headers(record) -> dict:
+        return {k.removeprefix("__connect.errors."): v.decode(errors="replace") for k, v in record.headers}
+    return [letter for topic in (settings.dlq_episodes, settings.dlq_reflections)
+            for letter in asyncio.run(read_topic(settings, topic, headers))]
+
+
 # ---------------------------------------------------------------- running it
 
 @dataclass
@@ -403,6 +415,7 @@ class Result:
     violations: list[Violation]
     figures: dict
     seconds: float
+    traces: list[str] = field(default_factory=list)  # what the workers logged of the requests never completed
 
     def report(self) -> str:
         lines = [f"chaos run seed={self.seed} ({self.seconds:.1f} s): "
@@ -411,7 +424,27 @@ class Result:
                  f"  schedule: {said(self.schedule)}", f"  as run:   {'; '.join(self.ran) or '(none)'}",
                  f"  figures:  {self.figures}"]
         lines += [f"  {v.kind}: {v.detail}" for v in self.violations]
+        lines += [f"  log: {line}" for line in self.traces]
         return "\n".join(lines)
+
+
+# What a worker logs when a batch or a request goes by unhandled: with the lines naming a request never
+# completed, the trail a violation is diagnosed from once the run's directory is gone (CI prints the report).
+TRAIL = re.compile(r"given up|dropped|adopted|decided before|revoked|assigned partitions|Traceback|Error")
+
+
+def traces(logs: list[Path], missing: list[str], most: int = 40) -> list[str]:
+    """Each worker log's lines naming a request in `missing`, or on `TRAIL`
+    if any does (the last `most` of each): empty when nothing is missing."""
+    if not missing:
+        return []
+    named = re.compile("|".join(rf"(?<![\w:-]){re.escape(m)}(?!\w)" for m in missing))  # u1:1, not u1:10
+    out = []
+    for path in sorted(logs):
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        kept = [line for line in lines if named.search(line) or TRAIL.search(line)]
+        out += [f"{path.stem} {line[:300]}" for line in kept[-most:]]
+    return out
 
 
 class Chaos:
@@ -459,7 +492,9 @@ class Chaos:
         ran: list[str] = []
         outcome = self._run(f"seed-{seed}", schedule, rate=self.shape.rate, workers=self.shape.workers, ran=ran)
         violations, figures = check(outcome, reference)
-        return Result(seed, schedule, ran, violations, {**figures, "phases": outcome.phases}, outcome.seconds)
+        missing = sorted(set(cycle_ids(outcome.requests, REQUESTS)) - cycle_ids(outcome.reflections, AUDITS).keys())
+        return Result(seed, schedule, ran, violations, {**figures, "phases": outcome.phases}, outcome.seconds,
+                      traces(list((self.tmp / f"seed-{seed}").glob("w*.log")), missing))
 
     def _run(self, name: str, schedule: list[Action], rate: float | None, workers: int,
              ran: list[str] | None = None) -> Outcome:
@@ -534,7 +569,8 @@ class Chaos:
             stats=stats,
             requests=asyncio.run(read_topic(base, base.topic_requests, stamped)),
             reflections=[{**e, "_ts": ts} for e, (_, ts) in zip(opened, logged)],
-            calls=list(calls), notes=notes, seconds=time.monotonic() - phases["start"],
+            calls=list(calls), notes=notes, dead_letters=dead_letters(base),
+            seconds=time.monotonic() - phases["start"],
             phases={k: round(phases[k] - phases[j], 1) for j, k in zip(phases, list(phases)[1:])})
 
     def settle(self, name: str, settings: Settings, up: list[Worker], notes: list[str]) -> dict:

@@ -41,6 +41,9 @@ class Stats(View):
         spent = Spend.from_dict(ctx.tables.spend.get(f"user:{user_id}"))
         return self.json({
             "user_id": user_id, **held,
+            # Recorded episodes the accumulator has folded in, in log order (retracted or not): the view's
+            # counts above may lead it, as the episodes pipeline projects a batch before it folds it.
+            "folded": acc.episodes,
             "pending_importance": round(acc.pending, 6),
             "high_salience": acc.high_salience,
             "cycles": acc.cycles,  # threshold cycles, as v1 readers know it; every kind below
