@@ -71,3 +71,24 @@ def test_swap_waits_for_the_calls_in_flight_and_later_calls_see_the_new_view(tmp
     old.drop()  # idle: nothing reads it any more
     assert shared.get(["00000000-0000-0000-0000-000000000001"]) != {}
     new.close()
+
+
+def test_a_write_made_while_writes_pause_waits_and_goes_to_the_view_swapped_in(tmp_path):
+    """A rebuild's last catch-up reads the log with writes paused: a write
+    the log has but the catch-up missed is not left in the old view."""
+    old, new = edge(tmp_path, "old", ["alice"]), edge(tmp_path, "new", ["alice"])
+    shared, late = SharedView(old), ViewPoint("00000000-0000-0000-0000-00000000000a", [1.0] * DIM,
+                                              {"user_id": "alice", "text": "late"})
+    shared.pause_writes()
+    writing = threading.Thread(target=lambda: shared.upsert([late]))
+    writing.start()
+    writing.join(0.3)
+    assert writing.is_alive(), "a write ran while writes were paused"
+    assert shared.count("alice") == 1  # reads go on
+    assert shared.swap(new) is old  # a write waiting is none in flight
+    shared.resume_writes()
+    writing.join(30)
+    assert not writing.is_alive()
+    assert (old.count("alice"), new.count("alice")) == (1, 2)
+    old.drop()
+    new.close()

@@ -47,21 +47,29 @@ class SharedView:
         self._in_flight, self._swapping = 0, False
         self._writing, self._writes_held = 0, False
 
-    @contextmanager
-    def writes_held(self) -> Iterator[VectorStore]:
-        """The view with no write running until the block ends (writes called
-        meanwhile wait; reads go on): a compaction copies its files here."""
+    def pause_writes(self) -> None:
+        """Once no write runs, none starts until `resume_writes` (writes called
+        meanwhile wait, reads go on, a swap may come between): what a write
+        waiting here writes goes to whichever view serves when it resumes."""
         with self._turns:
             self._turns.wait_for(lambda: not self._writes_held)
             self._writes_held = True
             self._turns.wait_for(lambda: self._writing == 0)
+
+    def resume_writes(self) -> None:
+        with self._turns:
+            self._writes_held = False
+            self._turns.notify_all()
+
+    @contextmanager
+    def writes_held(self) -> Iterator[VectorStore]:
+        """The view with no write running until the block ends: a compaction copies its files here."""
+        self.pause_writes()
         try:
             with self._current() as view:
                 yield view
         finally:
-            with self._turns:
-                self._writes_held = False
-                self._turns.notify_all()
+            self.resume_writes()
 
     def swap(self, view: VectorStore) -> VectorStore:
         """Serve `view` from the next call on; returns the one it replaces, idle."""
