@@ -166,14 +166,15 @@ async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, st
             # A writer outside the lock puts its events on the log, then in the view (a cycle's beliefs):
             # one whose write came after this last read of the log, but went to the old view, would be
             # in neither. Its write waits for the swap instead, and goes to the new view.
-            await asyncio.to_thread(runtime.view.pause_writes)
+            pausing = asyncio.ensure_future(asyncio.to_thread(runtime.view.pause_writes))
             try:
+                await asyncio.shield(pausing)
                 await _replay(consumer, parts, await consumer.end_offsets(parts), projectors, read, progress)
                 await asyncio.to_thread(fresh.promote)
                 # In a thread: the swap waits for the reads in flight on the old view.
                 old = await asyncio.to_thread(runtime.view.swap, fresh)
-            finally:
-                runtime.view.resume_writes()
+            finally:  # resumed once paused, even when cancelled while the pause waited for a write to end
+                pausing.add_done_callback(lambda _: runtime.view.resume_writes())
             await held_to(runtime.ownership.watermarks, consumer, parts, fresh.name, old_view)
         await asyncio.to_thread(old.drop)
         progress.state, progress.seconds = "done", time.monotonic() - progress.started
