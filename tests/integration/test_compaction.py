@@ -113,20 +113,25 @@ def test_a_grown_view_is_compacted_live_and_answers_as_a_rebuild_does(settings, 
         assert counts and counts == sorted(counts), f"a read went back during the compaction: {counts}"
     assert {state for state, *_ in seen} & {"copying", "running", "optimizing", "swapping"}
 
-    def settled():  # the same view a second apart
-        now_seen, previous = snapshot(w, users), last.get("seen")
+    everyone = users + [f"late{i}" for i in range(5)]
+
+    def settled():  # every episode folded, every request done, and the same view a second apart
+        if not all(st.get("folded") == 40 and st.get("requests") == st.get("requests_done")
+                   for st in map(w.stats, everyone)):
+            return False
+        now_seen, previous = snapshot(w, everyone), last.get("seen")
         last["seen"] = now_seen
         return now_seen == previous
 
     last: dict = {}
     wait_for(settled, 60, "the pipeline to settle", every=1.0)
-    compacted = snapshot(w, users + [f"late{i}" for i in range(5)])
+    compacted = snapshot(w, everyone)
     # The reference: the whole log replayed into a fresh view.
     rebuilt = subprocess.run([sys.executable, "-m", "streams.cli", "rebuild", "--api",
                               f"http://127.0.0.1:{s.web_port}", "--timeout", "120"],
                              capture_output=True, text=True, timeout=150)
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert snapshot(w, users + [f"late{i}" for i in range(5)]) == compacted
+    assert snapshot(w, everyone) == compacted
 
 
 def test_a_stopping_worker_kills_the_optimize_it_would_wait_minutes_for(tmp_path):
