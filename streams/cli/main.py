@@ -472,11 +472,10 @@ def background() -> None:
 
     A policy orders threads within their scheduling group only. With Linux's
     autogroups on (`kernel.sched_autogroup_enabled`), a process in a session
-    of its own, as a side worker is, is a group of its own, which shares the
-    cores equally with the live worker's whatever its threads' policy: live
-    recall p95 during a replay was 1.5-1.6x its p95 alone, and no different
-    beside a SCHED_IDLE CPU burner in the worker's own session
-    (tests/benchmarks/README.md, replay lab). The group is made nice 19 too."""
+    of its own, as a side worker is, is a group of its own, weighted as the
+    live worker's whatever its threads' policy; so the group is made nice 19
+    too. Live recall p95 during a replay over alone: median 1.51x before,
+    1.14x after (docs/decisions/0020-side-worker-autogroup-nice-19.md)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
