@@ -165,7 +165,7 @@ async def refresh(runtime, projection_lock: asyncio.Lock, progress: Progress, st
                 still_fits()
             # A writer outside the lock puts its events on the log, then in the view (a cycle's beliefs):
             # one whose write came after this last read of the log, but went to the old view, would be
-            # in neither. Its write waits for the swap instead, and goes to the new view.
+            # in neither view. Its write waits for the swap instead, and goes to the new view.
             pausing = asyncio.ensure_future(asyncio.to_thread(runtime.view.pause_writes))
             try:
                 await asyncio.shield(pausing)
