@@ -147,9 +147,11 @@ def first_positions(events: Sequence[Event], positions: Sequence[int] | None,
     return first
 
 
-def first_logged(view: VectorStore, records: Sequence[EpisodeRecorded]) -> dict[str, int]:
-    """Episode id → the position its point was first logged at, as projected."""
-    pids = {episode_point(r): r.episode_id for r in records}
+def first_logged(view: VectorStore, records: Sequence[EpisodeRecorded]) -> dict[tuple[str, str], int]:
+    """(user id, episode id) → the position its point was first logged at, as
+    projected. By user: an episode id is the user's, and two users may
+    both send one (an agent numbering each user's episodes)."""
+    pids = {episode_point(r): (r.user_id, r.episode_id) for r in records}
     return {pids[pid]: p[POSITION] for pid, p in view.get(list(pids)).items() if p.get(POSITION) is not None}
 
 

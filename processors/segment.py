@@ -55,12 +55,12 @@ class Folded:
     again: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
-def fold(states: Mapping[str, Accumulator], segment: Sequence[tuple[Event, int]], first: Mapping[str, int],
-         trigger: Trigger, gated: bool) -> Folded:
+def fold(states: Mapping[str, Accumulator], segment: Sequence[tuple[Event, int]],
+         first: Mapping[tuple[str, str], int], trigger: Trigger, gated: bool) -> Folded:
     """The segment's records (each with its offset in `episodes`), folded
     into `states` (each user's accumulator before the segment) in log order.
 
-    `first`: episode id → the offset it was first logged at, as projected:
+    `first`: (user, episode id) → the offset it was first logged at, as projected:
     an episode logged before (a retried write, however far back) was counted
     then. `gated`: whether either gate is on; each user's new episodes since
     its last request form a run, forwarded to the gates where a request
@@ -71,15 +71,15 @@ def fold(states: Mapping[str, Accumulator], segment: Sequence[tuple[Event, int]]
     changed = dict(states)
     out = Folded(changed)
     runs: dict[str, Run] = {}
-    positions = {r.episode_id: at for r, at in segment if isinstance(r, EpisodeRecorded)}
+    positions = {(r.user_id, r.episode_id): at for r, at in segment if isinstance(r, EpisodeRecorded)}
     for record, at in segment:
         user, acc = record.user_id, changed[record.user_id]
         if acc.applied_at(at):
             out.redelivered.setdefault(user, (acc.applied, []))[1].append(at)
             continue
         acc = replace(acc, applied=at)
-        if isinstance(record, EpisodeRecorded) and first.get(record.episode_id, at) < at:
-            out.again.append((user, record.episode_id, at, first[record.episode_id]))
+        if isinstance(record, EpisodeRecorded) and (was := first.get((user, record.episode_id), at)) < at:
+            out.again.append((user, record.episode_id, at, was))
             changed[user] = acc
             continue
         before = acc
@@ -101,13 +101,13 @@ def fold(states: Mapping[str, Accumulator], segment: Sequence[tuple[Event, int]]
     return replace(out, asks={user: asks for user, asks in out.asks.items() if asks})
 
 
-def judged(acc: Accumulator, user: str, run: Run, positions: Mapping[str, int],
+def judged(acc: Accumulator, user: str, run: Run, positions: Mapping[tuple[str, str], int],
            gated: bool) -> tuple[Accumulator, list[Event]]:
     """The run as the gates' requests (GateRequested: judged in the requests
     pipeline, after the cycles asked before it), numbered; none when no gate is on."""
     asked: list[Event] = []
     if gated:
-        for request in gate_requests(user, run, positions):
+        for request in gate_requests(user, run, {e: at for (u, e), at in positions.items() if u == user}):
             acc = replace(acc, gate_runs=acc.gate_runs + 1)
             asked.append(replace(request, sequence=acc.gate_runs))
     return acc, asked

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
+from processors.accumulator import Accumulator, Trigger
 from processors.embedders import HashingEmbedder
-from processors.projector import (EpisodeProjector, ReflectionProjector, episode_point, forgotten_payload,
+from processors.projector import (EpisodeProjector, ReflectionProjector, episode_point, first_logged, forgotten_payload,
                                   forgotten_point, plan_episodes, point_id)
 from processors.ports import GONE, POSITION, ViewPoint
 from streams.adapters.view.edge import EdgeView
-from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionChallenged, ReflectionCreated,
-                     UserForgotten)
+from processors.segment import fold
+from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, GateRequested, ReflectionChallenged,
+                     ReflectionCreated, UserForgotten)
 
 
 def rec(eid: str, text: str = "t", user: str = "u") -> EpisodeRecorded:
@@ -90,6 +92,20 @@ def test_apply_projects_payload_and_retraction_leaves_a_tombstone(projector):
     # erased, until its walk (which runs after them) proves it took it.
     assert a["text"] == "alpha" and (a[POSITION], a[GONE]) == (0, 4) and c[GONE] == 6 and c["text"] == "gamma"
     assert view.count("u", status="recorded") == 1
+
+
+def test_two_users_episodes_of_one_id_are_each_counted_as_first_logged(projector):
+    """An episode id is its user's: another user's episode of that id,
+    logged earlier, is not this one logged again (an agent numbering each
+    user's episodes)."""
+    theirs, mine = rec("e1", "theirs", user="v"), rec("e1", "mine", user="u")
+    segment = [(theirs, 10), (mine, 11)]
+    projector.apply([r for r, _ in segment], [at for _, at in segment])
+    first = first_logged(projector.view, [r for r, _ in segment])
+    folded = fold({"u": Accumulator(), "v": Accumulator()}, segment, first, Trigger(), gated=True)
+    assert folded.again == [] and folded.states["u"].episodes == folded.states["v"].episodes == 1
+    gates = {user: [e["position"] for e in asks[0].episodes] for user, asks in folded.asks.items()}
+    assert gates == {"v": [10], "u": [11]}  # each its own episode's position
 
 
 def proof_of(erasure: EpisodeRetracted) -> ErasureCompleted:

@@ -65,9 +65,10 @@ def test_a_redelivered_segment_decides_nothing_again():
 
 def test_an_episode_logged_before_is_counted_once_however_far_back():
     segment = at([ep(0), ep(1)], 40)
-    folded = fold(fresh(segment), segment, {"u0": 3, "u1": 41}, TRIGGER, gated=False)
+    folded = fold(fresh(segment), segment, {("u", "u0"): 3, ("u", "u1"): 41}, TRIGGER, gated=False)
     assert folded.again == [("u", "u0", 40, 3)]
     assert folded.states["u"].episodes == 1 and folded.states["u"].applied == 41
+
 
 
 def test_a_retraction_is_forwarded_at_its_position_with_the_next_sequence():
