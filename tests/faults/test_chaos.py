@@ -54,8 +54,8 @@ import os
 import pytest
 
 from support.broker import TEST_BROKER
-from support.chaos import (SHORT, Call, Chaos, Outcome, Reference, Result, call_key, check, make_schedule, said, seeds,
-                           traces)
+from support.chaos import (SHORT, Call, Chaos, Outcome, Reference, Result, Violation, call_key, check, make_schedule,
+                           named_in, said, seeds, traces)
 
 RUNS = int(os.environ.get("REFLECT_CHAOS_RUNS", "10"))
 
@@ -186,6 +186,17 @@ def test_a_report_carries_what_the_workers_logged_of_a_request_never_completed(t
     assert found == ["w0 cycle u1:1 ran", "w0 a batch of 2 event(s) given up"]
     report = Result(7, [], [], [], {}, 1.0, found).report()
     assert "  log: w0 cycle u1:1 ran" in report
+
+
+@pytest.mark.chaos
+def test_a_report_carries_what_the_workers_logged_of_a_user_whose_counts_differ(tmp_path):
+    (tmp_path / "w0.log").write_text("user u0: 2 record(s) at offsets 4–5 redelivered\n"
+                                     "HTTP Request: GET /v1/users/u0/stats\nuser u01: folded\ncycle u0:3 ran\n")
+    differ = [Violation("count_differs", "u0: (here, reference) {'folded': (31, 32)}"),
+              Violation("call_unmatched", "u1: a call")]
+    assert named_in(differ, []) == ["u0"]
+    assert traces(sorted(tmp_path.glob("w*.log")), named_in(differ, [])) == [
+        "w0 user u0: 2 record(s) at offsets 4–5 redelivered", "w0 cycle u0:3 ran"]
 
 
 @pytest.mark.chaos

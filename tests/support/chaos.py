@@ -93,14 +93,14 @@ def chaos_history(users, per_user: int, settings: Settings) -> list:
 
 def expected_counts(events, settings: Settings, users) -> dict[str, dict]:
     """What a settled view and accumulator say of each user: episodes
-    recorded and retracted, threshold cycles."""
+    recorded and retracted, recorded episodes folded in, threshold cycles."""
     trigger, accs = Trigger(settings.threshold, settings.min_episodes), {u: Accumulator() for u in users}
     for e in events:
         accs[e.user_id], _ = admit(accs[e.user_id], e, trigger)
     retracted = {u: {e.episode_id for e in events if isinstance(e, EpisodeRetracted) and e.user_id == u}
                  for u in users}
     recorded = collections.Counter(e.user_id for e in events if isinstance(e, EpisodeRecorded))
-    return {u: {"episodes": recorded[u] - len(retracted[u]), "retracted": len(retracted[u]),
+    return {u: {"episodes": recorded[u] - len(retracted[u]), "retracted": len(retracted[u]), "folded": recorded[u],
                 "cycles": accs[u].cycles} for u in users}
 
 
@@ -158,7 +158,7 @@ BELIEF_EVENTS = ("ReflectionCreated", "ReflectionReinforced")  # a cycle's publi
 BELIEF_FIELDS = ("text", "evidence_ids", "lost_evidence_ids", "status", "depth", "confidence", "support",
                  "importance", "question", "cycle_id", "occurred_at")
 EPISODE_FIELDS = ("text", "status", "importance", "occurred_at")
-STAT_FIELDS = ("episodes", "retracted", "reflections", "pending_importance", "high_salience", "cycles",
+STAT_FIELDS = ("episodes", "folded", "retracted", "reflections", "pending_importance", "high_salience", "cycles",
                "cycles_by_kind", "requests", "requests_done")
 
 
@@ -415,7 +415,7 @@ class Result:
     violations: list[Violation]
     figures: dict
     seconds: float
-    traces: list[str] = field(default_factory=list)  # what the workers logged of the requests never completed
+    traces: list[str] = field(default_factory=list)  # what the workers logged of what went wrong
 
     def report(self) -> str:
         lines = [f"chaos run seed={self.seed} ({self.seconds:.1f} s): "
@@ -429,22 +429,31 @@ class Result:
 
 
 # What a worker logs when a batch or a request goes by unhandled: with the lines naming a request never
-# completed, the trail a violation is diagnosed from once the run's directory is gone (CI prints the report).
-TRAIL = re.compile(r"given up|dropped|adopted|decided before|revoked|assigned partitions|Traceback|Error")
+# completed or a user whose counts differ, the trail a violation is diagnosed from once the run's directory
+# is gone (CI prints the report).
+TRAIL = re.compile(r"given up|dropped|adopted|decided before|revoked|assigned partitions|redelivered|logged again|"
+                   r"read again|sought|Traceback|Error")
 
 
-def traces(logs: list[Path], missing: list[str], most: int = 40) -> list[str]:
-    """Each worker log's lines naming a request in `missing`, or on `TRAIL`
-    if any does (the last `most` of each): empty when nothing is missing."""
-    if not missing:
+def traces(logs: list[Path], names: list[str], most: int = 60) -> list[str]:
+    """Each worker log's lines naming one of `names` (a request, or a user),
+    or on `TRAIL`, if any is named (the last `most` of each; HTTP access
+    lines left out): empty when nothing is."""
+    if not names:
         return []
-    named = re.compile("|".join(rf"(?<![\w:-]){re.escape(m)}(?!\w)" for m in missing))  # u1:1, not u1:10
+    named = re.compile("|".join(rf"(?<![\w:-]){re.escape(m)}(?![\w:])" if ":" in m  # u1:1, not u1:10
+                                else rf"(?<![\w/-]){re.escape(m)}(?!\w)" for m in names))  # u0, u0:3: not /u0/
     out = []
     for path in sorted(logs):
         lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-        kept = [line for line in lines if named.search(line) or TRAIL.search(line)]
+        kept = [line for line in lines if "HTTP Request" not in line and (named.search(line) or TRAIL.search(line))]
         out += [f"{path.stem} {line[:300]}" for line in kept[-most:]]
     return out
+
+
+def named_in(violations: list[Violation], missing: list[str]) -> list[str]:
+    """What a report's trail follows: the requests never completed, and the users whose counts differ."""
+    return missing + sorted({v.detail.split(":", 1)[0] for v in violations if v.kind == "count_differs"})
 
 
 class Chaos:
@@ -494,7 +503,7 @@ class Chaos:
         violations, figures = check(outcome, reference)
         missing = sorted(set(cycle_ids(outcome.requests, REQUESTS)) - cycle_ids(outcome.reflections, AUDITS).keys())
         return Result(seed, schedule, ran, violations, {**figures, "phases": outcome.phases}, outcome.seconds,
-                      traces(list((self.tmp / f"seed-{seed}").glob("w*.log")), missing))
+                      traces(list((self.tmp / f"seed-{seed}").glob("w*.log")), named_in(violations, missing)))
 
     def _run(self, name: str, schedule: list[Action], rate: float | None, workers: int,
              ran: list[str] | None = None) -> Outcome:
