@@ -450,7 +450,8 @@ SPECS: tuple[Spec, ...] = (
          "only to the replay's own topics."),
     Spec("replay_stall", "REFLECT_REPLAY_STALL", "900", _positive_float,
          "Seconds a replay may go without progress (its side worker's commits unchanged) before it is marked "
-         "failed and its side worker stopped, so a hung one does not hold the one replay slot for good."),
+         "failed and its side worker stopped, so a hung one does not hold the one replay slot for good; time "
+         "the side worker waits for a core (at nice 19, behind a busy live worker) does not count."),
 )
 
 

@@ -267,7 +267,7 @@ class Replays:
         # One consumer for the whole replay: one made at each look cost the live worker's loop a
         # bootstrap and its connections every half second, which its reads waited behind.
         commits = AIOKafkaConsumer(**client_options(side), group_id=side.app_id, enable_auto_commit=False)
-        last, moved = None, time.monotonic()
+        last, moved, waited = None, time.monotonic(), kept_waiting(replay.process.pid)
         try:
             await commits.start()
             while True:
@@ -281,8 +281,9 @@ class Replays:
                 if progress["done"]:
                     break
                 if progress != last:
-                    last, moved = progress, time.monotonic()
-                elif time.monotonic() - moved > self.settings.replay_stall:
+                    last, moved, waited = progress, time.monotonic(), kept_waiting(replay.process.pid)
+                elif stalled(time.monotonic() - moved, kept_waiting(replay.process.pid) - waited,
+                             self.settings.replay_stall):
                     raise RuntimeError(f"no progress for {self.settings.replay_stall:.0f} s "
                                        f"(REFLECT_REPLAY_STALL): the side worker is stuck (its log: "
                                        f"{replay.folder / 'worker.log'})")
@@ -389,6 +390,26 @@ class Replays:
         state = self.summary(name)
         wanted = users or state["estimate"]["users"]
         return diff(self.beliefs(against, wanted), self.beliefs(name, wanted))
+
+
+def kept_waiting(pid: int) -> float:
+    """Seconds the process's main thread (its event loop, where the
+    pipelines run) has spent runnable but kept off the cores, as the kernel
+    counts it (/proc/<pid>/schedstat: run time, run-queue wait, slices in
+    ns); 0 where that is not known."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def stalled(seconds: float, kept_off: float, bound: float) -> bool:
+    """No progress for `bound` seconds that the side worker could have run:
+    the time it waited for a core (`kept_off`) does not count. Its scheduling
+    group runs at nice 19 (streams/cli/main.py, `background`), so on a busy
+    box it may wait long for the live worker's share; a hung one (stopped,
+    or blocked) waits for no core."""
+    return seconds - kept_off > bound
 
 
 async def stopped(process: subprocess.Popen) -> None:
