@@ -15,7 +15,9 @@ Two kinds of failure, told apart so that nothing is lost and nothing loops:
 
 A failure whose kind is unknown counts as transient while a probe of the view
 fails: an engine that raises its own errors while down must not send a whole
-stream to the dead-letter topic.
+stream to the dead-letter topic. And it counts as deterministic only once it
+failed twice in a row with the view answering: an outage that ends between
+the failure and the probe is still an outage (the in-memory suite saw one).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ log = logging.getLogger("reflect")
 FAILED = object()  # what `Policy.alone` answers for a record it dead-lettered
 TRIES_ALONE = 3  # tries of one record, its dependencies answering, before it is dead-lettered
 PROBE_USER = "\x00probe"  # a user id no event can carry: counting its points costs one index lookup
+CONFIRMED = 2  # failures in a row, the view answering each time, that make a failure deterministic
 
 
 @dataclass(frozen=True)
@@ -87,15 +90,16 @@ class Policy:
 
     async def until_done(self, stage: str, step: Callable[[], Awaitable[Any]]) -> Any:
         """`step()` retried through transient failures until it succeeds; a
-        deterministic failure is raised to the caller."""
-        attempt = 0
+        deterministic failure (`CONFIRMED` in a row) is raised to the caller."""
+        attempt, refused = 0, 0
         while True:
             try:
                 done = await step()
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                if not await self._kind(error):
+                refused = 0 if await self._kind(error) else refused + 1
+                if refused >= CONFIRMED:
                     self._cleared(stage)
                     raise
                 self._stalled(stage, error, attempt)
