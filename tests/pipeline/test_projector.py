@@ -12,7 +12,7 @@ from processors.projector import (EpisodeProjector, ReflectionProjector, episode
 from processors.ports import GONE, POSITION, ViewPoint
 from streams.adapters.view.edge import EdgeView
 from processors.segment import fold
-from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, GateRequested, ReflectionChallenged,
+from schemas import (EpisodeRecorded, EpisodeRetracted, ErasureCompleted, ReflectionChallenged,
                      ReflectionCreated, UserForgotten)
 
 
