@@ -2,6 +2,7 @@
 
     reflect bench --only beliefs [--seeds 20 | --seeds 7,8,11,12] [--stub]
     python tests/benchmarks/beliefs.py [--seeds 20] [--stub] [--reasoner offline|standin|stub] [--json]
+    python tests/benchmarks/beliefs.py --seeds dev --in-process     # developing: no broker, no child
 
 Each seed is one run of `reflect demo --json --seed S` as a user runs it: a
 child process with an embedded broker and `reflect up` (the real worker),
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]  # this checkout measured, whatever is installed
 
 from suite_figures import figure, print_scenario, target  # noqa: E402
 
@@ -109,12 +110,33 @@ def reasoner_flags(reasoner: str, seed: int):
     return ("--reasoner", "anthropic"), {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": server.url}, server
 
 
-def run_seeds(seeds: list[int], reasoner: str = "offline", log=sys.stderr) -> list[dict]:
+def in_process(seed: int) -> dict:
+    """The demo's loop without a broker or a child (tests/support/sample_loop.py: the worker's own
+    pipelines over a real Edge view), under this environment's REFLECT_ settings, offline: about
+    half a demo's time, for developing on; the figures reported come from the demo itself."""
+    import tempfile
+
+    from processors.reasoners import OfflineReasoner
+    from streams.adapters.minilm import MiniLMEmbedder
+    from streams.cli.sample import history
+    from streams.cli.score import score
+    from support.sample_loop import live_beliefs
+
+    hist, embedder, started = history(seed=seed), MiniLMEmbedder(), time.perf_counter()
+    env = {k: v for k, v in os.environ.items() if k.startswith("REFLECT_")}
+    with tempfile.TemporaryDirectory() as tmp:
+        held = live_beliefs(hist, Path(tmp), embedder, OfflineReasoner(embedder), env=env)
+    scored = score(hist, held, embedder)
+    return {"score": scored, "patterns": scored["patterns"], "challenges": {"cycles": None},  # not counted here
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def run_seeds(seeds: list[int], reasoner: str = "offline", log=sys.stderr, local: bool = False) -> list[dict]:
     rows = []
     for seed in seeds:
         flags, extra, server = reasoner_flags(reasoner, seed)
         try:
-            r = row(seed, run_demo(seed, demo_env(extra), flags))
+            r = row(seed, in_process(seed) if local else run_demo(seed, demo_env(extra), flags))
         finally:
             if server is not None:
                 server.close()
@@ -131,11 +153,12 @@ def summary(rows: list[dict]) -> dict:
         "pooled_noise_share": round(sum(r["noise"] for r in rows) / max(1, sum(r["beliefs"] for r in rows)), 3)}
 
 
-def measure(seeds: list[int], stub: bool = False, reasoner: str = "offline") -> dict:
+def measure(seeds: list[int], stub: bool = False, reasoner: str = "offline", local: bool = False) -> dict:
     started = time.perf_counter()
     print(f"beliefs: seeds {seeds}, reasoner {reasoner}, REFLECT_CHALLENGE="
-          f"{os.environ.get('REFLECT_CHALLENGE', '(default)')}", file=sys.stderr, flush=True)
-    rows = run_seeds(seeds, reasoner)
+          f"{os.environ.get('REFLECT_CHALLENGE', '(default)')}{', in process' if local else ''}",
+          file=sys.stderr, flush=True)
+    rows = run_seeds(seeds, reasoner, local=local)
     dist = summary(rows)
     out = {"seeds": seeds, "reasoner": reasoner, "challenge": os.environ.get("REFLECT_CHALLENGE"),
            "rows": rows, "distribution": dist}
@@ -182,8 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stub", action="store_true", help="the stub baseline on the same seeds too")
     parser.add_argument("--reasoner", choices=("offline", "standin", "stub"), default="offline")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the demo's loop in this process, offline (for development: no broker, no child)")
     args = parser.parse_args(argv)
-    result = measure(seeds_of(args.seeds), args.stub, args.reasoner)
+    if args.in_process and (args.stub or args.reasoner != "offline"):
+        parser.error("--in-process runs the offline reasoner only")
+    result = measure(seeds_of(args.seeds), args.stub, args.reasoner, local=args.in_process)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -18,9 +18,11 @@ from streams.settings import Settings
 from support.memory_worker import MemoryWorker, memory_runtime
 
 
-def live_beliefs(hist: History, tmp: Path, embedder, reasoner, timeout: float = 600.0) -> list[dict[str, Any]]:
+def live_beliefs(hist: History, tmp: Path, embedder, reasoner, timeout: float = 600.0,
+                 env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """`env`: settings as the environment would give them (REFLECT_CHALLENGE=on…); the defaults otherwise."""
     async def run() -> list[dict[str, Any]]:
-        settings = Settings.load(env={}, data_dir=str(tmp))  # the demo's trigger: threshold and floor
+        settings = Settings.load(env=env or {}, data_dir=str(tmp))  # the demo's trigger: threshold and floor
         view = EdgeView(settings.view_dir, settings.view, embedder.dim)
         try:
             worker = MemoryWorker(memory_runtime(settings, view, embedder, reasoner))
