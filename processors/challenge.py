@@ -30,14 +30,7 @@ it decides by rules over words, and says so (`heuristic: true`):
 5. *holds* otherwise.
 
 Several challengers: each is judged alone and the majority of those
-related decides; a tie holds (no supersede on an even split). A holds adds
-the challengers it cites to the belief's evidence (processors/challenger.py),
-so it cites only those that name the belief's own choice (rule 3); one that
-merely shares the subject (rule 5) adds nothing, and a holds with none of
-the first kind changes nothing (unrelated). Citing those too, the gate on
-took the demo's development seeds from 12 patterns found of 16 to 3, and
-its noise from 42 % to 70 % of the live beliefs: background that shares a
-pattern's words joined its evidence at every challenge. Its accuracy on
+related decides; a tie holds (no supersede on an even split). Its accuracy on
 the labeled set `processors/data/challenge_verdicts.tsv` is measured by
 tests/pipeline/test_challenge.py (see processors/README.md).
 """
@@ -47,7 +40,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 VERDICTS = ("holds", "refined", "contradicted", "unrelated")
@@ -243,9 +236,6 @@ def _negated(text: str) -> set[str]:
     return out
 
 
-SAME_SUBJECT = "same subject, no change cue"  # rule 5's holds: no support the belief's evidence gains
-
-
 def judge_one(belief: str, evidence: Sequence[str], challenger: str) -> tuple[str, str]:
     """(verdict, why) for one challenger."""
     side = [belief, *evidence]
@@ -282,7 +272,7 @@ def judge_one(belief: str, evidence: Sequence[str], challenger: str) -> tuple[st
     denied = (_negated(challenger) & subject) - {t for text in side for t in _negated(text)}
     if denied:
         return "contradicted", f"negates {sorted(denied)}"
-    return "holds", SAME_SUBJECT
+    return "holds", "same subject, no change cue"
 
 
 def offline_verdict(belief: str, evidence: Sequence[str], challengers: Sequence[str]) -> Answer:
@@ -301,20 +291,7 @@ def offline_verdict(belief: str, evidence: Sequence[str], challengers: Sequence[
     cited = tuple(i for i, (v, _) in enumerate(each, start=1) if v in agree)
     reason = "; ".join(f"{i}: {v} ({why})" for i, (v, why) in enumerate(each, start=1))[:2000]
     statement = successor_text(verdict, belief, [challengers[i - 1] for i in cited])
-    return holding(Answer(verdict, cited, statement, reason, heuristic=True),
-                   [i for i, (v, why) in enumerate(each, start=1) if v == "holds" and why != SAME_SUBJECT])
-
-
-def holding(answer: Answer, alike: Sequence[int]) -> Answer:
-    """A *holds* verdict citing only the challengers that support the belief
-    (`alike`: their numbers); none left, it changes nothing: unrelated."""
-    if answer.verdict != "holds":
-        return answer
-    kept = tuple(n for n in answer.cited if n in set(alike))
-    if kept:
-        return replace(answer, cited=kept)
-    return Answer("unrelated", (), "", f"{answer.reason}; no challenger says what the evidence says"[:2000],
-                  heuristic=answer.heuristic)
+    return Answer(verdict, cited, statement, reason, heuristic=True)
 
 
 def successor_text(verdict: str, belief: str, cited: Sequence[str]) -> str:

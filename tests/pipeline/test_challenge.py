@@ -57,18 +57,6 @@ def test_the_verdict_reads_choices_cues_and_subjects():
     assert offline_verdict(belief, evidence, [AGAIN[0], AGAIN[1]]).statement == ""
 
 
-def test_a_holds_cites_only_challengers_that_name_the_belief_s_choice():
-    """A holds adds its challengers to the belief's evidence: one that only
-    shares the subject's words (a talk about both libraries) is no support."""
-    belief, evidence = "Dana prefers polars over pandas.", POLARS[:3]
-    talk = "Dana gave a talk about pandas and polars internals at the meetup."
-    assert judge_one(belief, evidence, talk)[0] == "holds"  # the challenger alone: same subject, no change
-    answer = offline_verdict(belief, evidence, [talk, AGAIN[0]])
-    assert (answer.verdict, answer.cited) == ("holds", (2,))
-    alone = offline_verdict(belief, evidence, [talk])
-    assert (alone.verdict, alone.cited) == ("unrelated", ())
-
-
 # ------------------------------------------------------------------ the gate
 
 
