@@ -11,6 +11,7 @@ import time
 import pytest
 
 from streams.worker.replay import kept_waiting, stalled
+from support.harness import wait_for
 
 
 def test_waiting_for_a_core_does_not_count_as_a_stall():
@@ -28,7 +29,7 @@ def test_a_process_that_shares_one_core_with_another_is_counted_waiting():
     spin = [sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"]
     spinners = [subprocess.Popen(spin) for _ in range(2)]
     try:
-        time.sleep(0.3)  # both spinning before the first reading: a duration, not a synchronization
+        wait_for(lambda: all(kept_waiting(p.pid) > 0 for p in spinners), 10, "both spinners sharing the core")
         before, started = kept_waiting(spinners[0].pid), time.monotonic()
         time.sleep(1.0)  # the span measured
         waited, wall = kept_waiting(spinners[0].pid) - before, time.monotonic() - started
