@@ -57,8 +57,8 @@ async def compact(runtime, progress: Progress, rewrite: bool = False) -> None:
     owned: set[int] = set()  # the partitions whose log the copy is brought up to date with
 
     def copy():
-        if rewrite:  # read as any reader does, writes going on: what they change is replayed (below)
-            return runtime.view.rewritten()
+        if rewrite:  # writes going on between its chunks: what they change is replayed (below)
+            return runtime.view.rewritten(runtime.view.writes_paused)
         with runtime.view.writes_held() as view:
             return view.copy()
 

@@ -7,6 +7,7 @@ swaps it in by rewriting that pointer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -313,17 +314,25 @@ class EdgeView:
         the shard a live-grown view holds unoptimized (streams/worker/compaction.py)."""
         return self.points(), self._optimized
 
-    def rewritten(self) -> "EdgeView":
+    def rewritten(self, between_writes=contextlib.nullcontext) -> "EdgeView":
         """A successor holding what this shard holds, written point by point:
         none of its files ever held what was stripped or deleted here (a
         shard keeps an erased text in its WAL and payload pages until it is
         dropped). Writes may go on meanwhile: a scrub replays what they
-        change onto it (streams/worker/compaction.py)."""
+        change onto it (streams/worker/compaction.py). Each chunk is read
+        inside `between_writes()` (SharedView.writes_paused), so that no point
+        is copied halfway through a write (a strip is three engine updates):
+        a belief copied with its erasure in its history but its text not yet
+        dropped would keep the text, as the replay skips what history holds."""
         fresh = self.successor()
         for user in [*self.users(), NO_USER]:
             points = self.scroll(user)
-            while chunk := list(itertools.islice(points, REWRITE_CHUNK)):
-                vectors = self.vectors([pid for pid, _ in chunk])
+            while True:
+                with between_writes():
+                    chunk = list(itertools.islice(points, REWRITE_CHUNK))
+                    vectors = self.vectors([pid for pid, _ in chunk])
+                if not chunk:
+                    break
                 fresh.upsert([ViewPoint(pid, vectors.get(pid), payload) for pid, payload in chunk])
         return fresh
 

@@ -62,14 +62,19 @@ class SharedView:
             self._turns.notify_all()
 
     @contextmanager
-    def writes_held(self) -> Iterator[VectorStore]:
-        """The view with no write running until the block ends: a compaction copies its files here."""
+    def writes_paused(self) -> Iterator[None]:
+        """No write runs until the block ends (none is left halfway)."""
         self.pause_writes()
         try:
-            with self._current() as view:
-                yield view
+            yield
         finally:
             self.resume_writes()
+
+    @contextmanager
+    def writes_held(self) -> Iterator[VectorStore]:
+        """The view with no write running until the block ends: a compaction copies its files here."""
+        with self.writes_paused(), self._current() as view:
+            yield view
 
     def swap(self, view: VectorStore) -> VectorStore:
         """Serve `view` from the next call on; returns the one it replaces, idle."""
