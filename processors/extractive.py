@@ -206,20 +206,52 @@ def is_value(token: str) -> bool:
     return bool(_IDENTIFIER.search(token))
 
 
-def generalized(core: str) -> str:
+def generalized(core: str, shared: frozenset[str] = frozenset()) -> str:
     """A statement with its values elided: numbers and code identifiers say
-    when and which, not what recurs. Every other word is kept: the sentence
-    stays the one the user's agent wrote."""
+    when and which, not what recurs. A path keeps its leading components
+    that the group shares (`shared`, from `shared_parts`): "auth/tokens.py"
+    in a group that all touched auth reads "auth/…", which says what the
+    group has in common where "…" said nothing. Every other word is kept:
+    the sentence stays the one the user's agent wrote."""
     out: list[str] = []
     for token in _TOKEN.findall(core):
         head, value, tail = _parts(token)
-        if not is_value(value):
+        kept = _shared_prefix(value, shared) if is_value(value) else value
+        if kept == value:
             out.append(token)
+        elif kept:
+            out.append(f"{head}{kept}/{GAP}{tail}")
         elif out and out[-1].endswith(GAP) and not head:
             out[-1] += tail
         else:
             out.append(head + GAP + tail)
     return " ".join(out) or core
+
+
+def _shared_prefix(value: str, shared: frozenset[str]) -> str:
+    """The leading path components of `value` that are in `shared`."""
+    kept = []
+    for part in value.split("/")[:-1]:
+        if part.lower() not in shared:
+            break
+        kept.append(part)
+    return "/".join(kept)
+
+
+def shared_parts(texts: Sequence[str]) -> frozenset[str]:
+    """The words, and the components of paths, that at least half of
+    `texts` hold: what a group's members have in common, in their words."""
+    held: dict[str, int] = {}
+    for text in texts:
+        parts = {p for t in _TOKEN.findall(text) for p in _word_parts(_parts(t)[1])}
+        for p in parts:
+            held[p] = held.get(p, 0) + 1
+    return frozenset(p for p, n in held.items() if 2 * n >= len(texts))
+
+
+def _word_parts(value: str) -> set[str]:
+    """A token's word, or its path's components that are words."""
+    return {w for part in value.split("/") for w in [_word(part)] if w and not is_value(part)}
 
 
 # Average-linkage cosine at which statements are one theme, per embedder (the

@@ -17,7 +17,8 @@ import numpy as np
 
 from processors.embedders import HashingEmbedder
 from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of,
-                                   generalized, is_belief, place_words, question_about, routine, salient, themes,
+                                   generalized, is_belief, place_words, question_about, routine, salient, shared_parts,
+                                   themes,
                                    without)
 from processors.ports import Embedder, Reasoner, Usage
 from processors.reflection import Insight
@@ -111,7 +112,9 @@ class OfflineReasoner:
             # reflector then reinforces it instead of keeping a near-copy.
             said = statements[held[0]] if held else question_.belief
             when = [dates[c - 1] for c in cited] if dates else ()
-            out.append(Insight(said or belief_text(len(cited), generalized(statements[theme.first]), when), cited))
+            shared = shared_parts([core_of(statements[c - 1]) for c in cited])
+            out.append(Insight(said or belief_text(len(cited), generalized(statements[theme.first], shared), when),
+                               cited))
         return out[:n], Usage()
 
     def verdict(self, belief: str, evidence: Sequence[str], challengers: Sequence[str]) -> tuple["Answer", Usage]:

@@ -7,7 +7,7 @@ import pytest
 
 from processors.embedders import HashingEmbedder
 from processors.extractive import (GAP, belief_text, generalized, group, is_belief, place_words, question_about,
-                                   representative, routine, salient, without)
+                                   representative, routine, salient, shared_parts, without)
 from processors import reasoners
 from processors.reasoners import OfflineReasoner
 
@@ -37,6 +37,24 @@ def test_a_belief_keeps_its_statement_words_and_drops_its_values():
         f"Reverted pull request {GAP}: the change to auth broke login."
     assert generalized("The user held back the rollout until after the weekend.") == \
         "The user held back the rollout until after the weekend."
+
+
+def test_a_belief_keeps_the_part_of_a_value_its_group_shares():
+    """Each revert touched a different file under auth/: "auth/…" says what
+    they have in common, where "…" said only that a value was there."""
+    group_ = ["Reverted pull request #431: the change to auth/middleware.py broke password reset links.",
+              "We reverted the change to auth/password_reset.py from PR #506; token refresh was failing.",
+              "Another rollback, #550: a tweak to the auth layer in tokens.py left token refresh broken.",
+              "Undid the merge of #448: it changed how sign-in works in middleware.py and login failed."]
+    shared = shared_parts(group_)
+    assert {"auth", "token", "refresh"} <= shared and not {"middleware", "password_reset"} & shared
+    assert generalized(group_[1], shared) == \
+        f"We reverted the change to auth/{GAP} from PR {GAP}; token refresh was failing."
+    assert generalized(group_[1]) == f"We reverted the change to {GAP} from PR {GAP}; token refresh was failing."
+    assert generalized("Moved auth/x/tokens.py to auth/y/", shared) == f"Moved auth/{GAP} to auth/{GAP}"
+    reasoner = OfflineReasoner(HashingEmbedder(), cut=0.05)
+    insights, _ = reasoner.insights(question_about(group_[1]), group_)
+    assert any(f"auth/{GAP}" in i.text for i in insights), [i.text for i in insights]
 
 
 def test_questions_go_to_what_recurs_in_other_words_before_routine():
