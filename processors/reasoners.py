@@ -18,8 +18,7 @@ import numpy as np
 from processors.embedders import HashingEmbedder
 from processors.extractive import (MEMBER_MARGIN, PLACE_DF, THEME_CUT, asked, belief_text, beliefs_text, core_of,
                                    generalized, is_belief, place_words, question_about, routine, salient, shared_parts,
-                                   themes,
-                                   without)
+                                   themes, without)
 from processors.ports import Embedder, Reasoner, Usage
 from processors.reflection import Insight
 

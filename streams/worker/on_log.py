@@ -40,8 +40,8 @@ class Log:
     async def past_end(self, topic: str, partition: int) -> int:
         """At or past the partition's last record, unlike `end`: ListOffsets
         raised to the high watermark a fetch reports (Tansu's ListOffsets
-        answers a batch's base offset). Every record written before the
-        call is before it."""
+        answers one past the last batch's base offset). Every record
+        written before the call is before it."""
         return await asyncio.wait_for(self._past_end(TopicPartition(topic, partition)), READ_TIMEOUT)
 
     async def _past_end(self, tp: TopicPartition) -> int:

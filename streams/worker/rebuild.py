@@ -73,8 +73,8 @@ async def _replay(consumer: AIOKafkaConsumer, parts, floor: dict, projectors, re
                   progress: Progress) -> None:
     """Apply every event to the end of each partition: at least `floor` (the
     end offsets), and on to the high watermark the fetches report — Tansu's
-    ListOffsets answers the last batch's base offset, so end offsets alone
-    would stop short of a tail published in one batch."""
+    ListOffsets answers one past the last batch's base offset, so end
+    offsets alone would stop short of a tail published in one batch."""
     while True:
         batches = await consumer.getmany(*parts, timeout_ms=200, max_records=2000)
         for tp, messages in batches.items():
